@@ -1,0 +1,89 @@
+"""Vanilla GAN (Goodfellow et al., 2014) in PyTorch, with automatic mixed precision.
+
+    python GAN/vanilla_gan/gan_pytorch.py --amp            # MNIST, bfloat16 on CPU
+    python GAN/vanilla_gan/gan_pytorch.py --dataset ring8  # 2-D ring of 8 Gaussians
+
+Two one-hidden-layer MLPs. D returns logits, and the losses take logits: sigmoid + BCELoss
+raises under CUDA autocast (it is unsafe in float16), BCE-with-logits is fused and stable.
+The TensorFlow twin is gan_tensorflow.py; the hyperparameters of both are in hparams.py.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common import torch_backend as backend
+from common.config import parse_args
+from common.errors import exit_on_user_error
+from common.torch_gan import GAN
+from GAN.vanilla_gan import hparams
+
+
+def init_weights(module: nn.Module):
+    """Glorot-uniform weights, zero biases: Keras' Dense defaults, so the twins match."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+
+class Generator(nn.Module):
+    """z -> 128 (ReLU) -> data. tanh for images in [-1, 1]; linear for 2-D points."""
+
+    def __init__(self, data_shape: tuple, squash: bool):
+        super().__init__()
+        self.data_shape, self.squash = data_shape, squash
+        self.hidden = nn.Sequential(nn.Linear(hparams.Z_DIM, hparams.HIDDEN), nn.ReLU())
+        self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
+        init_weights(self)
+
+    def forward(self, z):
+        x = self.out(self.hidden(z))
+        if self.squash:
+            x = torch.tanh(x)
+        return x.view(-1, *self.data_shape)
+
+
+class Discriminator(nn.Module):
+    """data -> 128 (LeakyReLU) -> one logit, computed in float32."""
+
+    def __init__(self, data_shape: tuple):
+        super().__init__()
+        self.hidden = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(math.prod(data_shape), hparams.HIDDEN),
+            nn.LeakyReLU(hparams.LEAKY_SLOPE),
+        )
+        self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, 1))
+        init_weights(self)
+
+    def forward(self, x):
+        return self.out(self.hidden(x))
+
+
+# Non-saturating GAN losses on logits, in float32.
+def discriminator_loss(real_logits, fake_logits):
+    real_logits, fake_logits = real_logits.float(), fake_logits.float()
+    return (F.binary_cross_entropy_with_logits(real_logits, torch.ones_like(real_logits))
+            + F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits)))
+
+
+def generator_loss(fake_logits):
+    fake_logits = fake_logits.float()
+    return F.binary_cross_entropy_with_logits(fake_logits, torch.ones_like(fake_logits))
+
+
+@exit_on_user_error
+def main(argv=None):
+    cfg = parse_args("vanilla_gan", "pytorch", hparams.DEFAULTS, argv)
+    runtime = backend.setup(cfg)
+    data = backend.load_data(cfg, runtime)
+    gan = GAN(Generator(data.sample_shape, squash=data.kind == "image"),
+              Discriminator(data.sample_shape),
+              discriminator_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
+    return backend.fit(cfg, runtime, gan, data)
+
+
+if __name__ == "__main__":
+    main()

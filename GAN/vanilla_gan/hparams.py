@@ -1,0 +1,21 @@
+"""The vanilla GAN's hyperparameters: the one source both framework scripts read.
+
+As in the classic single-file collection: z of 100, one hidden layer of 128, Adam 1e-3,
+batch 64. Change a value here and both twins change together.
+"""
+Z_DIM = 100
+HIDDEN = 128
+LEAKY_SLOPE = 0.2  # D's LeakyReLU; set explicitly (torch defaults to 0.01, Keras to 0.3)
+
+# Defaults of the shared flags (common/config.py); the command line overrides them.
+DEFAULTS = dict(
+    iters=20000,
+    batch_size=64,
+    lr=1e-3,
+    beta1=0.9,
+    beta2=0.999,
+    dataset="mnist",
+    sample_every=2000,
+    log_every=100,
+    checkpoint_every=5000,
+)

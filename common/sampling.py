@@ -1,0 +1,81 @@
+"""Fixed noise, image grids and 2-D scatter plots (numpy + matplotlib, no framework).
+
+The fixed noise is drawn from a seeded numpy generator and saved in the run folder, so every
+sample grid of a run, and the grids of the PyTorch and TensorFlow twins, come from the same z.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from common.errors import UserError  # noqa: E402
+
+NOISE_STREAM = 7  # keeps the fixed noise independent of other numpy streams drawn from --seed
+
+
+def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:
+    """The run's fixed N(0, I) noise: read from fixed_noise.npy, or drawn and saved there."""
+    path = Path(run_dir) / "fixed_noise.npy"
+    if path.exists():
+        try:
+            noise = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise UserError(f"{path} is unreadable ({error}); delete it to draw it again") from None
+        if noise.shape != (count, dim) or noise.dtype != np.float32:
+            raise UserError(f"{path} holds {noise.dtype}{noise.shape}, expected float32"
+                            f"({count}, {dim}); delete it or use another --out")
+        return noise
+    noise = np.random.default_rng([seed, NOISE_STREAM]).standard_normal((count, dim))
+    noise = noise.astype(np.float32)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as file:
+        np.save(file, noise)
+    tmp.replace(path)
+    return noise
+
+
+def image_grid(images: np.ndarray, columns: int = 8, pad: int = 2) -> np.ndarray:
+    """Tile NHWC images with values in [0, 1] into one (H', W', C) array on a white ground."""
+    count, height, width, channels = images.shape
+    rows = -(-count // columns)
+    grid = np.ones((rows * (height + pad) + pad, columns * (width + pad) + pad, channels),
+                   dtype=np.float32)
+    for index, image in enumerate(images):
+        top = pad + (index // columns) * (height + pad)
+        left = pad + (index % columns) * (width + pad)
+        grid[top:top + height, left:left + width] = image
+    return grid
+
+
+def save_image_grid(images: np.ndarray, path: Path, value_range=(-1.0, 1.0),
+                    columns: int = 8) -> None:
+    """Save NHWC images (values in `value_range`) as one PNG grid."""
+    low, high = value_range
+    unit = np.clip((np.asarray(images, dtype=np.float32) - low) / (high - low), 0.0, 1.0)
+    grid = image_grid(unit, columns=columns)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if grid.shape[-1] == 1:
+        plt.imsave(path, grid[..., 0], cmap="gray", vmin=0.0, vmax=1.0)
+    else:
+        plt.imsave(path, grid)
+
+
+def save_scatter(samples: np.ndarray, path: Path, real: np.ndarray | None = None,
+                 title: str = "") -> None:
+    """Generated 2-D points over (a sample of) the real ones."""
+    figure, axes = plt.subplots(figsize=(4, 4), dpi=100)
+    if real is not None:
+        axes.scatter(real[:, 0], real[:, 1], s=2, c="tab:gray", alpha=0.3, label="real")
+    axes.scatter(samples[:, 0], samples[:, 1], s=2, c="tab:red", alpha=0.6, label="generated")
+    axes.set_aspect("equal")
+    axes.set_title(title, fontsize=9)
+    axes.legend(loc="upper right", fontsize=7, markerscale=4)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

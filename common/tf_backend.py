@@ -1,0 +1,221 @@
+"""Everything TensorFlow/Keras-specific that is not about one model: device, AMP policy, data
+on the device, optimizers, checkpoints, profiling, and the session the shared loop drives.
+
+AMP in Keras 3 is a global dtype policy set before the models are built:
+`mixed_float16` / `mixed_bfloat16` compute in 16 bits and keep float32 variables. Layers
+built with `dtype="float32"` (output layers, VAE heads) stay in float32. float16 needs loss
+scaling: `keras.optimizers.LossScaleOptimizer` wraps each optimizer, `opt.scale_loss(loss)`
+scales inside the tape, and `apply_gradients` unscales, skips the step on inf/NaN gradients
+and halves the scale. (Keras 3 removed `get_scaled_loss`/`get_unscaled_gradients`, which most
+tutorials still show.) A plain optimizer's `scale_loss` returns the loss unchanged, so one
+training step serves every precision.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from common import data as datasets
+from common import loop
+from common.config import (LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INIT, RunConfig,
+                           describe_precision, resolve_precision, warn_if_bf16_emulated)
+from common.errors import CheckpointError, UsageError
+from common.runs import RunFolder, atomic_write
+
+_GPUS = tf.config.list_physical_devices("GPU")
+
+ADAM_EPS = 1e-8  # as in PyTorch; Keras' default is 1e-7
+CHECKPOINT_FORMAT = 1
+POLICIES = {"fp32": "float32", "amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
+
+
+@dataclass
+class Runtime:
+    device_type: str   # "cpu" | "cuda"
+    precision: str     # "fp32" | "amp-fp16" | "amp-bf16"
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.precision == "amp-fp16"
+
+
+def setup(cfg: RunConfig, log=print) -> Runtime:
+    """Seed everything, pick the device, set the global dtype policy."""
+    if cfg.device == "cuda" and not _GPUS:
+        raise UsageError("--device cuda, but TensorFlow sees no GPU; use --device cpu")
+    if cfg.device == "cpu" and _GPUS:
+        tf.config.set_visible_devices([], "GPU")
+    device_type = "cuda" if _GPUS and cfg.device != "cpu" else "cpu"
+    bf16_supported = True
+    if device_type == "cuda":
+        capability = tf.config.experimental.get_device_details(_GPUS[0]).get(
+            "compute_capability", (0, 0))
+        bf16_supported = capability >= (8, 0)
+    precision = resolve_precision(cfg, device_type, bf16_supported)
+
+    keras.utils.set_random_seed(cfg.seed)  # Python, numpy and TensorFlow
+    tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
+    keras.mixed_precision.set_global_policy(POLICIES[precision])
+    warn_if_bf16_emulated(precision, device_type, log)
+    log(f"{cfg.model} | tensorflow {tf.__version__} (keras {keras.__version__}) | "
+        f"{device_type} | {describe_precision(precision, device_type)} | "
+        f"policy {POLICIES[precision]}")
+    return Runtime(device_type, precision)
+
+
+def make_optimizer(cfg: RunConfig, runtime: Runtime) -> keras.optimizers.Optimizer:
+    """Adam/AdamW with PyTorch's epsilon, wrapped for loss scaling under float16."""
+    if cfg.optimizer == "adamw":
+        inner = keras.optimizers.AdamW(cfg.lr, weight_decay=cfg.weight_decay,
+                                       beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=ADAM_EPS)
+    else:
+        inner = keras.optimizers.Adam(cfg.lr, beta_1=cfg.beta1, beta_2=cfg.beta2,
+                                      epsilon=ADAM_EPS)
+    if not runtime.loss_scaling:
+        return inner
+    return keras.optimizers.LossScaleOptimizer(
+        inner, initial_scale=LOSS_SCALE_INIT, dynamic_growth_steps=LOSS_SCALE_GROWTH_INTERVAL)
+
+
+def apply_gradients(optimizer, gradients, variables) -> tf.Tensor:
+    """Apply one update; returns 1.0 when a LossScaleOptimizer skipped it (inf/NaN gradient),
+    which shows as its `iterations` counter not advancing."""
+    before = tf.identity(optimizer.iterations)
+    optimizer.apply_gradients(zip(gradients, variables))
+    return tf.cast(tf.equal(optimizer.iterations, before), tf.float32)
+
+
+class DeviceData:
+    """The whole training set resident on the device as uint8 NHWC; a batch is a gather plus a
+    scale to the model's range inside the compiled step, with no host copy per step."""
+
+    def __init__(self, dataset: datasets.Dataset, value_range):
+        self.dataset = dataset
+        self.kind = dataset.kind
+        self.x = tf.constant(dataset.x)
+        self.sample_shape = tuple(dataset.x.shape[1:])
+        if self.kind == "image":
+            low, high = value_range
+            self.scale, self.shift = (high - low) / 255.0, low
+
+    def __len__(self):
+        return int(self.x.shape[0])
+
+    def batch(self, indices: tf.Tensor) -> tf.Tensor:
+        rows = tf.gather(self.x, indices)
+        if self.kind == "image":
+            return tf.cast(rows, tf.float32) * self.scale + self.shift
+        return rows
+
+
+def load_data(cfg: RunConfig, runtime: Runtime, value_range=(-1.0, 1.0)) -> DeviceData:
+    dataset = datasets.load_dataset(cfg.dataset, cfg.data_dir, split="train",
+                                    limit=cfg.data_limit, image_size=cfg.image_size,
+                                    seed=cfg.seed)
+    if len(dataset.x) < cfg.batch_size:
+        raise UsageError(f"{cfg.dataset} has {len(dataset.x)} examples, fewer than "
+                         f"--batch-size {cfg.batch_size}")
+    return DeviceData(dataset, value_range)
+
+
+class Session:
+    """Adapts a model's trainer (its `modules`, `optimizers`, `noise` generator,
+    `train_step(real)` and `write_samples(run, step)`) to the shared loop in common/loop.py."""
+
+    checkpoint_suffix = "npz"
+
+    def __init__(self, trainer, data: DeviceData, runtime: Runtime, jit_compile=False):
+        self.trainer, self.data, self.runtime = trainer, data, runtime
+        self._step = tf.function(lambda idx: trainer.train_step(data.batch(idx)),
+                                 jit_compile=jit_compile)
+
+    def upload_indices(self, permutation: np.ndarray) -> tf.Tensor:
+        return tf.constant(permutation)
+
+    def train_step(self, indices) -> dict:
+        return self._step(indices)
+
+    def fetch(self, metrics: dict) -> dict:
+        values = tf.stack([tf.cast(v, tf.float32) for v in metrics.values()]).numpy()
+        return dict(zip(metrics, values.tolist()))
+
+    def loss_scale(self) -> float:
+        """The smallest of the optimizers' scales (each LossScaleOptimizer has its own)."""
+        if not self.runtime.loss_scaling:
+            return 1.0
+        return min(float(o.dynamic_scale) for o in self.trainer.optimizers.values())
+
+    def synchronize(self):
+        pass  # eager results are materialised by .numpy(); nothing is queued between calls
+
+    def write_samples(self, run: RunFolder, step: int):
+        self.trainer.write_samples(run, step)
+
+    # --- checkpoints: one .npz of every variable, in the order the models create them ---
+    def _variables(self) -> dict[str, list]:
+        groups = {f"module/{k}": m.weights for k, m in self.trainer.modules.items()}
+        groups.update({f"optimizer/{k}": o.variables for k, o in self.trainer.optimizers.items()})
+        groups["rng/noise"] = [self.trainer.noise.state]
+        return groups
+
+    def save_checkpoint(self, path: Path, meta: dict):
+        arrays = {"format": np.array(CHECKPOINT_FORMAT),
+                  "meta/step": np.array(meta["step"]),
+                  "meta/skipped_total": np.array(meta["skipped_total"]),
+                  "meta/precision": np.array(self.runtime.precision)}
+        for group, variables in self._variables().items():
+            for index, variable in enumerate(variables):
+                arrays[f"{group}/{index:04d}"] = variable.numpy()
+        atomic_write(path, lambda file: np.savez(file, **arrays))
+
+    def restore(self, path: Path) -> dict:
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                arrays = {key: stored[key] for key in stored.files}
+        except Exception as error:  # zip/format errors have many types; all mean "unreadable"
+            raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}); "
+                                  "delete it to resume from the one before") from None
+        if arrays.get("format") is None or int(arrays["format"]) != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path} is not a checkpoint of this repository")
+        for group, variables in self._variables().items():
+            saved = sorted(k for k in arrays if k.startswith(group + "/"))
+            if len(saved) != len(variables):
+                raise CheckpointError(f"checkpoint {path} does not fit this model: {group} has "
+                                      f"{len(saved)} tensors, the model {len(variables)}")
+            for key, variable in zip(saved, variables):
+                if tuple(arrays[key].shape) != tuple(variable.shape):
+                    raise CheckpointError(f"checkpoint {path} does not fit this model: {key} is "
+                                          f"{arrays[key].shape}, expected {variable.shape}")
+                variable.assign(arrays[key])
+        return {"step": int(arrays["meta/step"]),
+                "skipped_total": int(arrays["meta/skipped_total"])}
+
+    # --- measurement -------------------------------------------------------------------
+    def peak_memory_mb(self) -> float:
+        if self.runtime.device_type == "cuda":
+            return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+    def profile_start(self, folder: Path):
+        tf.profiler.experimental.start(str(folder))
+
+    def profile_stop(self, folder: Path):
+        tf.profiler.experimental.stop()
+        print(f"profile: {loop.PROFILE_STEPS} steps, TensorBoard trace in {folder} "
+              f"(tensorboard --logdir {folder}, Profile tab)", file=sys.stderr)
+
+
+def fit(cfg: RunConfig, runtime: Runtime, trainer, data: DeviceData, log=print) -> dict:
+    """Prepare the run folder and hand the trainer to the shared loop."""
+    run = RunFolder.prepare(cfg, runtime.precision, {
+        "device": runtime.device_type,
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
+                     "numpy": np.__version__}})
+    log(f"run folder: {run.path}")
+    return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)

@@ -1,0 +1,250 @@
+"""Everything PyTorch-specific that is not about one model: device, AMP, data on the device,
+optimizers, checkpoints, profiling, and the session the shared training loop drives.
+
+AMP in PyTorch is two independent pieces:
+- `torch.amp.autocast(device, dtype)` runs matmuls/convolutions in float16 or bfloat16 while
+  the weights stay float32;
+- `torch.amp.GradScaler(device)` multiplies the loss so float16 gradients do not underflow,
+  unscales before the optimizer step, and skips the step when a gradient is inf/NaN.
+  bfloat16 has float32's exponent range, so it needs no scaler: ours is enabled for float16 only.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from common import data as datasets
+from common import loop
+from common.config import (LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INIT, RunConfig,
+                           describe_precision, resolve_precision, warn_if_bf16_emulated)
+from common.errors import CheckpointError, UsageError
+from common.runs import RunFolder, atomic_write
+
+ADAM_EPS = 1e-8  # set on both frameworks: Keras' default is 1e-7
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    precision: str                      # "fp32" | "amp-fp16" | "amp-bf16"
+    compute_dtype: torch.dtype | None   # None: autocast off
+    scaler: torch.amp.GradScaler
+
+    def autocast(self):
+        """The mixed-precision region; a no-op context in float32 runs."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.amp.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def update_scaler(self) -> torch.Tensor | None:
+        """`scaler.update()` once per iteration; returns 1.0 (on the device, no sync) when this
+        iteration skipped an optimizer step, which shows as the scale going down."""
+        if not self.scaler.is_enabled():
+            return None
+        before = self.scaler._scale.clone()  # the scale tensor itself; get_scale() would sync
+        self.scaler.update()
+        return (self.scaler._scale < before).float()
+
+
+def setup(cfg: RunConfig, log=print) -> Runtime:
+    """Seed everything, pick the device and the precision, build the (one) GradScaler."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda, but PyTorch sees no CUDA GPU; use --device cpu")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    precision = resolve_precision(
+        cfg, device.type, bf16_supported=not use_cuda or torch.cuda.is_bf16_supported())
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    if use_cuda:
+        torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN pick the fastest kernels
+    else:
+        torch.use_deterministic_algorithms(True)  # free on CPU; makes --resume bit-exact
+
+    compute_dtype = {"fp32": None, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+    scaler = torch.amp.GradScaler(device.type, init_scale=LOSS_SCALE_INIT,
+                                  growth_interval=LOSS_SCALE_GROWTH_INTERVAL,
+                                  enabled=precision == "amp-fp16")
+    warn_if_bf16_emulated(precision, device.type, log)
+    log(f"{cfg.model} | pytorch {torch.__version__} | {device} | "
+        f"{describe_precision(precision, device.type)}")
+    return Runtime(device, precision, compute_dtype[precision], scaler)
+
+
+class FullPrecision(nn.Module):
+    """Run the wrapped layer in float32 even inside autocast (output layers, VAE heads):
+    the Keras twin is `layer(..., dtype="float32")`."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        with torch.amp.autocast(x.device.type, enabled=False):
+            return self.layer(x.float())
+
+
+def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, eps=ADAM_EPS,
+                                 weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, betas=betas, eps=ADAM_EPS)
+
+
+class DeviceData:
+    """The whole training set resident on the device (MNIST is 47 MB as uint8); a batch is
+    an index gather plus a scale to the model's range, with no host copy per step."""
+
+    def __init__(self, dataset: datasets.Dataset, device: torch.device, value_range):
+        self.dataset = dataset
+        self.kind = dataset.kind
+        array = dataset.x
+        if self.kind == "image":
+            array = np.ascontiguousarray(array.transpose(0, 3, 1, 2))  # NHWC -> NCHW
+            low, high = value_range
+            self.scale, self.shift = (high - low) / 255.0, low
+        self.x = torch.from_numpy(array).to(device)
+        self.sample_shape = tuple(self.x.shape[1:])
+
+    def __len__(self):
+        return self.x.shape[0]
+
+    def batch(self, indices: torch.Tensor) -> torch.Tensor:
+        rows = self.x[indices]
+        if self.kind == "image":
+            return rows.float().mul_(self.scale).add_(self.shift)
+        return rows
+
+
+def load_data(cfg: RunConfig, runtime: Runtime, value_range=(-1.0, 1.0)) -> DeviceData:
+    dataset = datasets.load_dataset(cfg.dataset, cfg.data_dir, split="train",
+                                    limit=cfg.data_limit, image_size=cfg.image_size,
+                                    seed=cfg.seed)
+    if len(dataset.x) < cfg.batch_size:
+        raise UsageError(f"{cfg.dataset} has {len(dataset.x)} examples, fewer than "
+                         f"--batch-size {cfg.batch_size}")
+    return DeviceData(dataset, runtime.device, value_range)
+
+
+def to_numpy_images(images: torch.Tensor) -> np.ndarray:
+    """NCHW device tensor -> NHWC float32 numpy, for sample grids."""
+    return images.detach().float().permute(0, 2, 3, 1).cpu().numpy()
+
+
+class Session:
+    """Adapts a model's trainer (its `modules`, `optimizers`, `train_step(real)` and
+    `write_samples(run, step)`) to the shared loop in common/loop.py."""
+
+    checkpoint_suffix = "pt"
+
+    def __init__(self, trainer, data: DeviceData, runtime: Runtime):
+        self.trainer, self.data, self.runtime = trainer, data, runtime
+        self._profiler = None
+
+    def upload_indices(self, permutation: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(permutation.astype(np.int64)).to(self.runtime.device)
+
+    def train_step(self, indices: torch.Tensor) -> dict:
+        return self.trainer.train_step(self.data.batch(indices))
+
+    def fetch(self, metrics: dict) -> dict:
+        values = torch.stack([v.detach().float() for v in metrics.values()]).tolist()  # one sync
+        return dict(zip(metrics, values))
+
+    def loss_scale(self) -> float:
+        return float(self.runtime.scaler.get_scale()) if self.runtime.scaler.is_enabled() else 1.0
+
+    def synchronize(self):
+        if self.runtime.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def write_samples(self, run: RunFolder, step: int):
+        for module in self.trainer.modules.values():
+            module.eval()
+        with torch.no_grad():
+            self.trainer.write_samples(run, step)
+        for module in self.trainer.modules.values():
+            module.train()
+
+    # --- checkpoints -------------------------------------------------------------------
+    def save_checkpoint(self, path: Path, meta: dict):
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "meta": dict(meta, precision=self.runtime.precision),
+            "modules": {k: m.state_dict() for k, m in self.trainer.modules.items()},
+            "optimizers": {k: o.state_dict() for k, o in self.trainer.optimizers.items()},
+            "scaler": self.runtime.scaler.state_dict(),
+            "rng": {"cpu": torch.get_rng_state()},
+        }
+        if self.runtime.device.type == "cuda":
+            state["rng"]["cuda"] = torch.cuda.get_rng_state(self.runtime.device)
+        atomic_write(path, lambda file: torch.save(state, file))
+
+    def restore(self, path: Path) -> dict:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # zip/pickle errors have many types; all mean "unreadable"
+            raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}); "
+                                  "delete it to resume from the one before") from None
+        try:
+            if state.get("format") != CHECKPOINT_FORMAT:
+                raise ValueError("not a checkpoint of this repository")
+            for name, module in self.trainer.modules.items():
+                module.load_state_dict(state["modules"][name])
+            for name, optimizer in self.trainer.optimizers.items():
+                optimizer.load_state_dict(state["optimizers"][name])
+            if self.runtime.scaler.is_enabled():
+                self.runtime.scaler.load_state_dict(state["scaler"])
+            torch.set_rng_state(state["rng"]["cpu"])
+            if "cuda" in state["rng"] and self.runtime.device.type == "cuda":
+                torch.cuda.set_rng_state(state["rng"]["cuda"], self.runtime.device)
+            return state["meta"]
+        except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise CheckpointError(f"checkpoint {path} does not fit this model "
+                                  f"({type(error).__name__}: {first_line})") from None
+
+    # --- measurement -------------------------------------------------------------------
+    def peak_memory_mb(self) -> float:
+        if self.runtime.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.runtime.device) / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+    def profile_start(self, folder: Path):
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.runtime.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+        self._profiler.start()
+
+    def profile_stop(self, folder: Path):
+        self._profiler.stop()
+        folder.mkdir(parents=True, exist_ok=True)
+        trace = folder / "trace.json"
+        self._profiler.export_chrome_trace(str(trace))
+        sort = "cuda_time_total" if self.runtime.device.type == "cuda" else "cpu_time_total"
+        print(self._profiler.key_averages().table(sort_by=sort, row_limit=12), file=sys.stderr)
+        print(f"profile: {loop.PROFILE_STEPS} steps, Chrome trace in {trace} "
+              "(open in chrome://tracing or https://ui.perfetto.dev)", file=sys.stderr)
+        self._profiler = None
+
+
+def fit(cfg: RunConfig, runtime: Runtime, trainer, data: DeviceData, log=print) -> dict:
+    """Prepare the run folder and hand the trainer to the shared loop."""
+    run = RunFolder.prepare(cfg, runtime.precision, {
+        "device": str(runtime.device), "versions": {"torch": torch.__version__,
+                                                    "numpy": np.__version__}})
+    log(f"run folder: {run.path}")
+    return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)

@@ -1,0 +1,79 @@
+"""The GAN training iteration in PyTorch, shared by the vanilla GAN, LSGAN and DCGAN: they
+differ only in their networks and their two loss functions.
+
+One iteration, with AMP:
+    1. generate one fake batch under autocast;
+    2. update D on real vs. that fake batch, detached so no gradient reaches G;
+    3. update G through the just-updated D on the same fake batch, attached (as the PyTorch
+       DCGAN example does: G runs once per iteration, not twice);
+    4. one GradScaler for both: scale each loss, step each optimizer (each skips its own step
+       on inf/NaN gradients), update the scale once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from common import sampling
+from common.torch_backend import Runtime, make_optimizer, to_numpy_images
+
+SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
+GRID_IMAGES = 64
+
+
+class GAN:
+    def __init__(self, generator: nn.Module, discriminator: nn.Module, discriminator_loss,
+                 generator_loss, z_dim: int, cfg, runtime: Runtime, data):
+        self.generator = generator.to(runtime.device)
+        self.discriminator = discriminator.to(runtime.device)
+        self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
+        self.z_dim, self.cfg, self.runtime, self.data = z_dim, cfg, runtime, data
+        self.g_optimizer = make_optimizer(cfg, self.generator.parameters())
+        self.d_optimizer = make_optimizer(cfg, self.discriminator.parameters())
+        self.modules = {"generator": self.generator, "discriminator": self.discriminator}
+        self.optimizers = {"generator": self.g_optimizer, "discriminator": self.d_optimizer}
+        self._fixed_noise = None
+
+    def train_step(self, real: torch.Tensor) -> dict:
+        scaler = self.runtime.scaler
+        z = torch.randn(real.shape[0], self.z_dim, device=real.device)
+
+        with self.runtime.autocast():
+            fake = self.generator(z)
+            d_loss = self.discriminator_loss(self.discriminator(real),
+                                             self.discriminator(fake.detach()))
+        self.d_optimizer.zero_grad(set_to_none=True)
+        scaler.scale(d_loss).backward()
+        scaler.step(self.d_optimizer)
+
+        # G's loss needs gradients through D, not for D's weights: skip computing those.
+        self.discriminator.requires_grad_(False)
+        with self.runtime.autocast():
+            g_loss = self.generator_loss(self.discriminator(fake))
+        self.g_optimizer.zero_grad(set_to_none=True)
+        scaler.scale(g_loss).backward()
+        self.discriminator.requires_grad_(True)
+        scaler.step(self.g_optimizer)
+
+        metrics = {"d_loss": d_loss.detach(), "g_loss": g_loss.detach()}
+        skipped = self.runtime.update_scaler()
+        if skipped is not None:
+            metrics["skipped"] = skipped
+        return metrics
+
+    def write_samples(self, run, step: int):
+        """Generate from the run's fixed noise (in eval mode, under the run's precision)."""
+        count = GRID_IMAGES if self.data.kind == "image" else SCATTER_POINTS
+        if self._fixed_noise is None:
+            noise = sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed)
+            self._fixed_noise = torch.from_numpy(noise).to(self.runtime.device)
+        with self.runtime.autocast():
+            fake = self.generator(self._fixed_noise).float()
+        if self.data.kind == "image":
+            sampling.save_image_grid(to_numpy_images(fake), run.sample_path(step))
+        else:
+            real = self.data.dataset.x[:SCATTER_POINTS]
+            sampling.save_scatter(fake.cpu().numpy(), run.sample_path(step), real=real,
+                                  title=f"{self.cfg.model} pytorch {self.runtime.precision} "
+                                        f"step {step}")
