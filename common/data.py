@@ -115,6 +115,16 @@ def load_dataset(
     return Dataset(name=name, x=x, y=y)
 
 
+def load_training_set(cfg) -> Dataset:
+    """The training split the run's flags ask for (a RunConfig), with at least one batch."""
+    dataset = load_dataset(cfg.dataset, cfg.data_dir, split="train", limit=cfg.data_limit,
+                           image_size=cfg.image_size, seed=cfg.seed)
+    if len(dataset.x) < cfg.batch_size:
+        raise DataError(f"{cfg.dataset} has {len(dataset.x)} examples, fewer than "
+                        f"--batch-size {cfg.batch_size}; lower --batch-size")
+    return dataset
+
+
 def _check_arguments(name: str, split: str, limit: int | None, image_size: int | None, seed: int) -> None:
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

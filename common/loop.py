@@ -147,7 +147,9 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
     }
     run.write_summary(summary)
     if stopped_early:
-        log(f"stopped at step {step}; continue with the same command and --resume")
+        log(f"stopped at step {step}, checkpoint saved; continue with the same command "
+            "and --resume")
+        sys.exit(130)  # the shell's status for a Ctrl-C
     elif median_ms is not None:
         log(f"done: step {step}, median {median_ms:.2f} ms/step "
             f"({summary['samples_per_s']:.0f} samples/s), peak memory "

@@ -115,12 +115,7 @@ class DeviceData:
 
 
 def load_data(cfg: RunConfig, runtime: Runtime, value_range=(-1.0, 1.0)) -> DeviceData:
-    dataset = datasets.load_dataset(cfg.dataset, cfg.data_dir, split="train",
-                                    limit=cfg.data_limit, image_size=cfg.image_size,
-                                    seed=cfg.seed)
-    if len(dataset.x) < cfg.batch_size:
-        raise UsageError(f"{cfg.dataset} has {len(dataset.x)} examples, fewer than "
-                         f"--batch-size {cfg.batch_size}")
+    dataset = datasets.load_training_set(cfg)
     return DeviceData(dataset, value_range)
 
 

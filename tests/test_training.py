@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from common.runs import RunFolder
+
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 
 SCRIPTS = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}
@@ -142,3 +144,89 @@ def test_a_corrupt_checkpoint_is_one_clear_error(framework, tmp_path, capsys):
     suffix = "pt" if framework == "pytorch" else "npz"
     (out / "checkpoints" / f"step_000002.{suffix}").write_bytes(b"not a checkpoint")
     expect_exit(1, "is unreadable", capsys, framework, out, "--iters", "4", "--resume")
+
+
+def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
+    from scripts import summarize_runs
+
+    train("pytorch", tmp_path / "runs" / "pt", "--iters", "4")
+    train("tensorflow", tmp_path / "runs" / "tf", "--iters", "4", "--amp")
+    capsys.readouterr()
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 4  # header, rule, two runs
+    assert "vanilla_gan pytorch | fp32 | cpu | 4 |" in table[2]
+    assert "vanilla_gan tensorflow | amp-bf16 | cpu | 4 |" in table[3]
+    assert summarize_runs.main([str(tmp_path / "empty")]) == 1
+
+
+def test_ctrl_c_checkpoints_the_current_step_and_resume_finishes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "run"
+    command = [sys.executable, str(REPO / "GAN/vanilla_gan/gan_pytorch.py"), "--out", str(out),
+               *TINY, "--iters", "200000", "--checkpoint-every", "0", "--sample-every", "0"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "history.jsonl").exists():  # the first row: the loop is running
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "checkpoint saved" in stdout
+    (step, checkpoint), = RunFolder(out).list_checkpoints()
+    assert 0 < step < 200000 and checkpoint.exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_early"] and summary["step"] == step
+
+    resumed = gan_pytorch.main(["--out", str(out), *TINY, "--iters", str(step + 4),
+                                "--checkpoint-every", "0", "--sample-every", "0", "--resume"])
+    assert resumed["step"] == step + 4 and not resumed["stopped_early"]
+
+
+@pytest.mark.parametrize("framework, trace_glob", [("pytorch", "trace.json"),
+                                                   ("tensorflow", "**/*.xplane.pb")])
+def test_profile_writes_a_trace(framework, trace_glob, tmp_path):
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "16", "--profile")
+    traces = list((out / "profile").glob(trace_glob))
+    assert len(traces) == 1 and traces[0].stat().st_size > 1000
+
+
+def write_png_folder(root, count, size=(12, 12), mode="RGB"):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        folder = root / f"class{index % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        channels = 3 if mode == "RGB" else 1
+        pixels = rng.integers(0, 256, (*size, channels), dtype=np.uint8).squeeze()
+        Image.fromarray(pixels, mode=mode).save(folder / f"{index}.png")
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_trains_on_an_rgb_image_folder(framework, tmp_path):
+    write_png_folder(tmp_path / "images", 40, size=(10, 10))
+    out = tmp_path / "run"
+    SCRIPTS[framework].main(["--out", str(out), "--dataset", "folder", "--data-dir",
+                             str(tmp_path / "images"), "--image-size", "8", "--batch-size", "8",
+                             "--iters", "3", "--log-every", "3"])
+    from PIL import Image
+
+    grid = Image.open(out / "samples" / "step_000003.png")
+    assert grid.mode in ("RGB", "RGBA") and grid.size == (8 * 8 + 9 * 2,) * 2
+
+
+def test_a_dataset_smaller_than_a_batch_is_one_clear_error(tmp_path, capsys):
+    write_png_folder(tmp_path / "images", 3)
+    expect_exit(1, "fewer than --batch-size 32", capsys, "pytorch", tmp_path / "run",
+                "--dataset", "folder", "--data-dir", str(tmp_path / "images"))
