@@ -15,6 +15,7 @@ from pathlib import Path
 from common.errors import UsageError
 
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
+POINT_DATASETS = ("ring8", "grid25")
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
 
 # Dynamic loss scaling (float16 only), the same in both frameworks: start at 2**16, halve on

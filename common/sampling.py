@@ -79,3 +79,31 @@ def save_scatter(samples: np.ndarray, path: Path, real: np.ndarray | None = None
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def reconstruction_rows(originals: np.ndarray, reconstructions: np.ndarray, columns: int = 8,
+                        blank: float = 1.0) -> np.ndarray:
+    """Interleave two NHWC batches row by row for a grid of `columns`: a row of originals,
+    then a row of their reconstructions underneath, and so on. A short last row is padded
+    with `blank` images (white once the grid is scaled to [0, 1])."""
+    originals = np.asarray(originals, dtype=np.float32)
+    reconstructions = np.asarray(reconstructions, dtype=np.float32)
+    if originals.shape != reconstructions.shape or originals.ndim != 4:
+        raise ValueError(f"originals {originals.shape} and reconstructions "
+                         f"{reconstructions.shape} must be NHWC batches of one shape")
+    count = originals.shape[0]
+    rows = -(-count // columns)
+    padding = rows * columns - count
+    pairs = []
+    for batch in (originals, reconstructions):
+        batch = np.concatenate([batch, np.full((padding, *batch.shape[1:]), blank, np.float32)])
+        pairs.append(batch.reshape(rows, columns, *batch.shape[1:]))
+    return np.stack(pairs, axis=1).reshape(2 * rows * columns, *originals.shape[1:])
+
+
+def save_reconstruction_grid(originals: np.ndarray, reconstructions: np.ndarray, path: Path,
+                             value_range=(-1.0, 1.0), columns: int = 8) -> None:
+    """Save originals and their reconstructions (NHWC, values in `value_range`) as one PNG
+    grid whose rows alternate: originals, their reconstructions, the next originals, ..."""
+    images = reconstruction_rows(originals, reconstructions, columns, blank=value_range[1])
+    save_image_grid(images, path, value_range=value_range, columns=columns)

@@ -25,8 +25,8 @@ GRID_IMAGES = 64
 class GAN:
     def __init__(self, generator: nn.Module, discriminator: nn.Module, discriminator_loss,
                  generator_loss, z_dim: int, cfg, runtime: Runtime, data):
-        self.generator = generator.to(runtime.device)
-        self.discriminator = discriminator.to(runtime.device)
+        self.generator = runtime.place(generator)
+        self.discriminator = runtime.place(discriminator)
         self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
         self.z_dim, self.cfg, self.runtime, self.data = z_dim, cfg, runtime, data
         self.g_optimizer = make_optimizer(cfg, self.generator.parameters())

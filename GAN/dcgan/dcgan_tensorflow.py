@@ -1,0 +1,81 @@
+"""DCGAN (Radford et al., 2016) in TensorFlow/Keras, with automatic mixed precision.
+
+    python GAN/dcgan/dcgan_tensorflow.py --amp                                  # MNIST, 28x28
+    python GAN/dcgan/dcgan_tensorflow.py --dataset cifar10 --data-dir DATA      # 32x32x3
+    python GAN/dcgan/dcgan_tensorflow.py --dataset folder --data-dir DIR --image-size 64
+
+G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU) -> tanh image.
+D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
+The last layer of each is built with dtype="float32"; images stay NHWC, TensorFlow's native
+layout. The PyTorch twin is dcgan_pytorch.py; the hyperparameters of both are in hparams.py.
+"""
+import keras
+from keras import layers
+
+from common import tf_backend as backend
+from common.config import POINT_DATASETS, parse_args
+from common.errors import UsageError, exit_on_user_error
+from common.tf_gan import GAN
+from GAN.dcgan import hparams
+from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
+
+# Convolutions ~ N(0, 0.02); batch-norm scale ~ N(1, 0.02), shift 0 (the DCGAN paper).
+CONV = dict(use_bias=False,
+            kernel_initializer=keras.initializers.RandomNormal(0.0, hparams.INIT_STD))
+
+
+def batch_norm() -> layers.BatchNormalization:
+    return layers.BatchNormalization(
+        momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON,
+        gamma_initializer=keras.initializers.RandomNormal(1.0, hparams.INIT_STD))
+
+
+def make_generator(image_shape: tuple) -> keras.Model:
+    height, width, channels = image_shape
+    base, upsamplings = hparams.geometry(height, width)
+    features = hparams.G_FEATURES * 2 ** (upsamplings - 1)
+    stack = [keras.Input((hparams.Z_DIM,)), layers.Reshape((1, 1, hparams.Z_DIM)),
+             layers.Conv2DTranspose(features, base, 1, "valid", **CONV),  # 1 -> base
+             batch_norm(), layers.ReLU()]
+    for _ in range(upsamplings - 1):  # each doubles the side, halves the channels
+        features //= 2
+        stack += [layers.Conv2DTranspose(features, 4, 2, "same", **CONV), batch_norm(),
+                  layers.ReLU()]
+    stack += [layers.Conv2DTranspose(channels, 4, 2, "same", dtype="float32", **CONV),
+              layers.Activation("tanh", dtype="float32")]
+    return keras.Sequential(stack, name="generator")
+
+
+def make_discriminator(image_shape: tuple) -> keras.Model:
+    height, width, _ = image_shape
+    base, downsamplings = hparams.geometry(height, width)
+    features = hparams.D_FEATURES
+    stack = [keras.Input(image_shape),
+             layers.Conv2D(features, 4, 2, "same", **CONV),  # no batch norm on the input
+             layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
+    for _ in range(downsamplings - 1):  # each halves the side, doubles the channels
+        features *= 2
+        stack += [layers.Conv2D(features, 4, 2, "same", **CONV), batch_norm(),
+                  layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
+    stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **CONV),  # -> 1x1
+              layers.Flatten(dtype="float32")]
+    return keras.Sequential(stack, name="discriminator")
+
+
+# The losses are the vanilla GAN's: non-saturating BCE on logits, in float32.
+
+@exit_on_user_error
+def main(argv=None):
+    cfg = parse_args("dcgan", "tensorflow", hparams.DEFAULTS, argv)
+    if cfg.dataset in POINT_DATASETS:
+        raise UsageError(f"DCGAN is convolutional: {cfg.dataset} is 2-D points; "
+                         "the MLP GANs (vanilla, LSGAN) take the mixtures")
+    runtime = backend.setup(cfg)
+    data = backend.load_data(cfg, runtime)
+    gan = GAN(make_generator(data.sample_shape), make_discriminator(data.sample_shape),
+              discriminator_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
+    return backend.fit(cfg, runtime, gan, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""DCGAN's hyperparameters (Radford et al., 2016): the one source both framework scripts read.
+
+Every kernel/stride/padding below has a PyTorch and a Keras form that compute the same
+function: Conv2d(4, 2, padding=1) == Conv2D(4, 2, "same") and ConvTranspose2d(4, 2, 1) ==
+Conv2DTranspose(4, 2, "same") on even sizes, and a k x k "valid" (transposed) convolution
+between 1x1 and k x k. (k=3 or 5 with stride 2 does not match: TF pads bottom/right.)
+"""
+Z_DIM = 100
+G_FEATURES = 64        # channels of G's last hidden layer; doubled at each lower resolution
+D_FEATURES = 64        # channels of D's first layer; doubled at each lower resolution
+LEAKY_SLOPE = 0.2
+INIT_STD = 0.02        # conv weights ~ N(0, 0.02); batch-norm gamma ~ N(1, 0.02), beta = 0
+BN_MOMENTUM = 0.1      # PyTorch's convention; Keras' momentum is 1 - this (0.9)
+BN_EPSILON = 1e-5      # PyTorch's default; Keras' is 1e-3
+
+# Image side -> (side of the smallest feature map, number of stride-2 layers).
+GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
+
+DEFAULTS = dict(
+    iters=3000,
+    batch_size=64,
+    lr=2e-4,
+    beta1=0.5,
+    beta2=0.999,
+    dataset="mnist",
+    sample_every=500,
+    log_every=50,
+    checkpoint_every=1000,
+)
+
+
+def geometry(height: int, width: int) -> tuple[int, int]:
+    """(smallest feature-map side, stride-2 layers) for an image size, or a clear refusal."""
+    from common.errors import UsageError
+
+    if height != width or height not in GEOMETRY:
+        sizes = ", ".join(f"{side}x{side}" for side in GEOMETRY)
+        raise UsageError(f"DCGAN takes {sizes} images, not {height}x{width}; "
+                         "pass --image-size 32 or 64 to resize")
+    return GEOMETRY[height]

@@ -1,0 +1,41 @@
+"""Least-squares GAN (Mao et al., 2017) in PyTorch, with automatic mixed precision.
+
+    python GAN/least_squares_gan/lsgan_pytorch.py --amp
+
+The vanilla GAN's networks and training step with least-squares losses in place of the
+cross-entropy ones: D regresses real to 1 and fake to 0, G pushes D's score of its fakes to 1.
+D's output is an unbounded score (no sigmoid), squared in float32. The TensorFlow twin is
+lsgan_tensorflow.py; the hyperparameters of both are in hparams.py.
+"""
+from common import torch_backend as backend
+from common.config import parse_args
+from common.errors import exit_on_user_error
+from common.torch_gan import GAN
+from GAN.least_squares_gan import hparams
+from GAN.vanilla_gan import hparams as network_sizes
+from GAN.vanilla_gan.gan_pytorch import Discriminator, Generator
+
+
+def discriminator_loss(real_scores, fake_scores):
+    """0.5 E[(D(x) - 1)^2] + 0.5 E[D(G(z))^2]"""
+    return 0.5 * ((real_scores.float() - 1) ** 2).mean() + 0.5 * (fake_scores.float() ** 2).mean()
+
+
+def generator_loss(fake_scores):
+    """0.5 E[(D(G(z)) - 1)^2]"""
+    return 0.5 * ((fake_scores.float() - 1) ** 2).mean()
+
+
+@exit_on_user_error
+def main(argv=None):
+    cfg = parse_args("lsgan", "pytorch", hparams.DEFAULTS, argv)
+    runtime = backend.setup(cfg)
+    data = backend.load_data(cfg, runtime)
+    gan = GAN(Generator(data.sample_shape, squash=data.kind == "image"),
+              Discriminator(data.sample_shape),
+              discriminator_loss, generator_loss, network_sizes.Z_DIM, cfg, runtime, data)
+    return backend.fit(cfg, runtime, gan, data)
+
+
+if __name__ == "__main__":
+    main()

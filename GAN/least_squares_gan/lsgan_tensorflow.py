@@ -1,0 +1,44 @@
+"""Least-squares GAN (Mao et al., 2017) in TensorFlow/Keras, with automatic mixed precision.
+
+    python GAN/least_squares_gan/lsgan_tensorflow.py --amp
+
+The vanilla GAN's networks and training step with least-squares losses in place of the
+cross-entropy ones: D regresses real to 1 and fake to 0, G pushes D's score of its fakes to 1.
+D's output is an unbounded score (no sigmoid), squared in float32. The PyTorch twin is
+lsgan_pytorch.py; the hyperparameters of both are in hparams.py.
+"""
+import tensorflow as tf
+
+from common import tf_backend as backend
+from common.config import parse_args
+from common.errors import exit_on_user_error
+from common.tf_gan import GAN
+from GAN.least_squares_gan import hparams
+from GAN.vanilla_gan import hparams as network_sizes
+from GAN.vanilla_gan.gan_tensorflow import make_discriminator, make_generator
+
+
+def discriminator_loss(real_scores, fake_scores):
+    """0.5 E[(D(x) - 1)^2] + 0.5 E[D(G(z))^2]"""
+    real_scores, fake_scores = tf.cast(real_scores, tf.float32), tf.cast(fake_scores, tf.float32)
+    return 0.5 * tf.reduce_mean((real_scores - 1) ** 2) + 0.5 * tf.reduce_mean(fake_scores ** 2)
+
+
+def generator_loss(fake_scores):
+    """0.5 E[(D(G(z)) - 1)^2]"""
+    return 0.5 * tf.reduce_mean((tf.cast(fake_scores, tf.float32) - 1) ** 2)
+
+
+@exit_on_user_error
+def main(argv=None):
+    cfg = parse_args("lsgan", "tensorflow", hparams.DEFAULTS, argv)
+    runtime = backend.setup(cfg)
+    data = backend.load_data(cfg, runtime)
+    gan = GAN(make_generator(data.sample_shape, squash=data.kind == "image"),
+              make_discriminator(data.sample_shape),
+              discriminator_loss, generator_loss, network_sizes.Z_DIM, cfg, runtime, data)
+    return backend.fit(cfg, runtime, gan, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""LSGAN and DCGAN on the shared GAN step: they train in both frameworks, the twins have the
+same architecture at every image size, and the GANs share one step implementation."""
+import json
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from GAN.dcgan import dcgan_pytorch, dcgan_tensorflow
+from GAN.dcgan import hparams as dcgan_hparams
+from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
+from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+
+SCRIPTS = {("lsgan", "pytorch"): lsgan_pytorch, ("lsgan", "tensorflow"): lsgan_tensorflow,
+           ("dcgan", "pytorch"): dcgan_pytorch, ("dcgan", "tensorflow"): dcgan_tensorflow}
+TINY = ["--batch-size", "16", "--data-limit", "64", "--log-every", "2", "--iters", "4"]
+
+
+def history(out):
+    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("model, framework", list(SCRIPTS))
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_trains_a_few_steps_with_finite_losses(model, framework, amp, tmp_path):
+    out = tmp_path / "run"
+    SCRIPTS[model, framework].main(["--out", str(out), *TINY, *(["--amp"] if amp else [])])
+    rows = history(out)
+    assert [row["step"] for row in rows] == [2, 4]
+    assert all(math.isfinite(row["d_loss"]) and math.isfinite(row["g_loss"]) for row in rows)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"] == model and config["precision"] == ("amp-bf16" if amp else "fp32")
+    assert (out / "samples" / "step_000004.png").exists()
+
+
+def write_cifar(root, count=40):
+    """A tiny CIFAR-10 python folder: the real layout, random pixels."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"batch_label": name, "data": rng.integers(0, 256, (count, 3072), dtype=np.uint8),
+                 "labels": [int(v) for v in rng.integers(0, 10, count)],
+                 "filenames": [f"{i}.png" for i in range(count)]}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return root
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_dcgan_trains_on_32x32_rgb_cifar(framework, tmp_path):
+    data_dir = write_cifar(tmp_path / "data")
+    out = tmp_path / "run"
+    SCRIPTS["dcgan", framework].main(["--out", str(out), "--dataset", "cifar10", "--data-dir",
+                                      str(data_dir), *TINY])
+    assert all(math.isfinite(row["d_loss"]) for row in history(out))
+    from PIL import Image
+
+    grid = Image.open(out / "samples" / "step_000004.png")
+    assert grid.size == (8 * 32 + 9 * 2,) * 2 and grid.mode in ("RGB", "RGBA")
+
+
+def count_torch(module):
+    return sum(p.numel() for p in module.parameters()), sum(b.numel() for b in module.buffers()
+                                                           if b.dtype.is_floating_point)
+
+
+def count_keras(model):
+    return (sum(int(np.prod(w.shape)) for w in model.trainable_weights),
+            sum(int(np.prod(w.shape)) for w in model.non_trainable_weights))
+
+
+@pytest.mark.parametrize("side", sorted(dcgan_hparams.GEOMETRY))
+@pytest.mark.parametrize("channels", [1, 3])
+def test_dcgan_shapes_and_twin_architectures_at_every_size(side, channels):
+    z = np.random.default_rng(0).standard_normal((2, dcgan_hparams.Z_DIM)).astype(np.float32)
+
+    generator = dcgan_pytorch.Generator((channels, side, side))
+    discriminator = dcgan_pytorch.Discriminator((channels, side, side))
+    images = generator(torch.from_numpy(z))
+    assert images.shape == (2, channels, side, side)
+    assert images.abs().max() <= 1.0
+    assert discriminator(images).shape == (2, 1)
+
+    keras_generator = dcgan_tensorflow.make_generator((side, side, channels))
+    keras_discriminator = dcgan_tensorflow.make_discriminator((side, side, channels))
+    keras_images = keras_generator(z, training=False)
+    assert tuple(keras_images.shape) == (2, side, side, channels)
+    assert tuple(keras_discriminator(keras_images).shape) == (2, 1)
+
+    # Same layers, widths and kernels: the same number of weights and batch-norm statistics.
+    assert count_torch(generator) == count_keras(keras_generator)
+    assert count_torch(discriminator) == count_keras(keras_discriminator)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "ring8"], "DCGAN is convolutional"),
+    (["--image-size", "40"], "DCGAN takes 28x28, 32x32, 64x64 images, not 40x40"),
+])
+def test_dcgan_refuses_data_it_cannot_model(framework, argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        SCRIPTS["dcgan", framework].main(["--out", str(tmp_path / "run"), *TINY, *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_vanilla_gan_and_lsgan_share_one_training_step(framework, monkeypatch, tmp_path):
+    from common import tf_gan, torch_gan
+
+    shared = torch_gan.GAN if framework == "pytorch" else tf_gan.GAN
+    seen = []
+    original = shared.train_step
+
+    def spy(self, real):
+        seen.append(self.discriminator_loss.__module__)
+        return original(self, real)
+
+    monkeypatch.setattr(shared, "train_step", spy)
+    scripts = ((gan_pytorch, lsgan_pytorch) if framework == "pytorch"
+               else (gan_tensorflow, lsgan_tensorflow))
+    for index, script in enumerate(scripts):
+        script.main(["--out", str(tmp_path / str(index)), *TINY])
+    assert {script.__name__ for script in scripts} == set(seen)
+
+
+def test_lsgan_losses_are_the_least_squares_ones():
+    import tensorflow as tf
+
+    real, fake = np.array([[1.0], [0.0]], np.float32), np.array([[0.0], [1.0]], np.float32)
+    # D: 0.5 mean((real-1)^2) + 0.5 mean(fake^2) = 0.5*0.5 + 0.5*0.5; G: 0.5 mean((fake-1)^2)
+    expected_d, expected_g = 0.5, 0.25
+    for module, to_tensor in ((lsgan_pytorch, torch.from_numpy), (lsgan_tensorflow, tf.constant)):
+        assert float(module.discriminator_loss(to_tensor(real), to_tensor(fake))) == expected_d
+        assert float(module.generator_loss(to_tensor(fake))) == expected_g
+        perfect = to_tensor(np.ones((2, 1), np.float32))
+        assert float(module.generator_loss(perfect)) == 0.0
