@@ -21,6 +21,7 @@ demo: setup
 	$(PY) GAN/vanilla_gan/gan_tensorflow.py --amp --overwrite
 
 test: setup
+	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q
 
 clean:

@@ -23,8 +23,14 @@ import tensorflow as tf
 
 from common import data as datasets
 from common import loop
-from common.config import (LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INIT, RunConfig,
-                           describe_precision, resolve_precision, warn_if_bf16_emulated)
+from common.config import (
+    LOSS_SCALE_GROWTH_INTERVAL,
+    LOSS_SCALE_INIT,
+    RunConfig,
+    describe_precision,
+    resolve_precision,
+    warn_if_bf16_emulated,
+)
 from common.errors import CheckpointError, UsageError
 from common.runs import RunFolder, atomic_write
 

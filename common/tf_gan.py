@@ -12,10 +12,10 @@ One iteration (compiled once by tf.function), with AMP:
 from __future__ import annotations
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from common import sampling
+from common import tf_backend as backend
 from common.tf_backend import Runtime, apply_gradients, make_optimizer
 
 SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
@@ -78,3 +78,14 @@ class GAN(keras.Model):
             sampling.save_scatter(fake, run.sample_path(step), real=real,
                                   title=f"{self.cfg.model} tensorflow {self.runtime.precision} "
                                         f"step {step}")
+
+
+def train(cfg, generator_for, discriminator_for, discriminator_loss, generator_loss,
+          z_dim: int) -> dict:
+    """Set up the device and precision, load the data, build G and D for it
+    (`generator_for(data)`, `discriminator_for(data)`), and train: a GAN script's main()."""
+    runtime = backend.setup(cfg)
+    data = backend.load_data(cfg, runtime)
+    gan = GAN(generator_for(data), discriminator_for(data), discriminator_loss, generator_loss,
+              z_dim, cfg, runtime, data)
+    return backend.fit(cfg, runtime, gan, data)

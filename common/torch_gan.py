@@ -11,11 +11,11 @@ One iteration, with AMP:
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from common import sampling
+from common import torch_backend as backend
 from common.torch_backend import Runtime, make_optimizer, to_numpy_images
 
 SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
@@ -77,3 +77,14 @@ class GAN:
             sampling.save_scatter(fake.cpu().numpy(), run.sample_path(step), real=real,
                                   title=f"{self.cfg.model} pytorch {self.runtime.precision} "
                                         f"step {step}")
+
+
+def train(cfg, generator_for, discriminator_for, discriminator_loss, generator_loss,
+          z_dim: int) -> dict:
+    """Set up the device and precision, load the data, build G and D for it
+    (`generator_for(data)`, `discriminator_for(data)`), and train: a GAN script's main()."""
+    runtime = backend.setup(cfg)
+    data = backend.load_data(cfg, runtime)
+    gan = GAN(generator_for(data), discriminator_for(data), discriminator_loss, generator_loss,
+              z_dim, cfg, runtime, data)
+    return backend.fit(cfg, runtime, gan, data)

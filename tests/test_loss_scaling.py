@@ -4,7 +4,6 @@ Runs the shared GAN step with float16 AMP on CPU (slow there, fine for a tiny ML
 points) and makes the discriminator's loss infinite for exactly one step.
 """
 import numpy as np
-import pytest
 
 from common.config import LOSS_SCALE_INIT, RunConfig
 

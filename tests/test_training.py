@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from common.runs import RunFolder
-
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 
 SCRIPTS = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from common import torch_backend as backend
+from common import torch_gan
 from common.config import POINT_DATASETS, parse_args
 from common.errors import UsageError, exit_on_user_error
-from common.torch_gan import GAN
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_pytorch import discriminator_loss, generator_loss
 
@@ -84,11 +84,12 @@ def main(argv=None):
     if cfg.dataset in POINT_DATASETS:
         raise UsageError(f"DCGAN is convolutional: {cfg.dataset} is 2-D points; "
                          "the MLP GANs (vanilla, LSGAN) take the mixtures")
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime)
-    gan = GAN(Generator(data.sample_shape), Discriminator(data.sample_shape),
-              discriminator_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
-    return backend.fit(cfg, runtime, gan, data)
+    return torch_gan.train(
+        cfg,
+        generator_for=lambda data: Generator(data.sample_shape),
+        discriminator_for=lambda data: Discriminator(data.sample_shape),
+        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
+        z_dim=hparams.Z_DIM)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,9 @@ layout. The PyTorch twin is dcgan_pytorch.py; the hyperparameters of both are in
 import keras
 from keras import layers
 
-from common import tf_backend as backend
+from common import tf_gan
 from common.config import POINT_DATASETS, parse_args
 from common.errors import UsageError, exit_on_user_error
-from common.tf_gan import GAN
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
 
@@ -70,11 +69,12 @@ def main(argv=None):
     if cfg.dataset in POINT_DATASETS:
         raise UsageError(f"DCGAN is convolutional: {cfg.dataset} is 2-D points; "
                          "the MLP GANs (vanilla, LSGAN) take the mixtures")
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime)
-    gan = GAN(make_generator(data.sample_shape), make_discriminator(data.sample_shape),
-              discriminator_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
-    return backend.fit(cfg, runtime, gan, data)
+    return tf_gan.train(
+        cfg,
+        generator_for=lambda data: make_generator(data.sample_shape),
+        discriminator_for=lambda data: make_discriminator(data.sample_shape),
+        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
+        z_dim=hparams.Z_DIM)
 
 
 if __name__ == "__main__":

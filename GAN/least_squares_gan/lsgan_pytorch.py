@@ -7,10 +7,9 @@ cross-entropy ones: D regresses real to 1 and fake to 0, G pushes D's score of i
 D's output is an unbounded score (no sigmoid), squared in float32. The TensorFlow twin is
 lsgan_tensorflow.py; the hyperparameters of both are in hparams.py.
 """
-from common import torch_backend as backend
+from common import torch_gan
 from common.config import parse_args
 from common.errors import exit_on_user_error
-from common.torch_gan import GAN
 from GAN.least_squares_gan import hparams
 from GAN.vanilla_gan import hparams as network_sizes
 from GAN.vanilla_gan.gan_pytorch import Discriminator, Generator
@@ -29,12 +28,12 @@ def generator_loss(fake_scores):
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("lsgan", "pytorch", hparams.DEFAULTS, argv)
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime)
-    gan = GAN(Generator(data.sample_shape, squash=data.kind == "image"),
-              Discriminator(data.sample_shape),
-              discriminator_loss, generator_loss, network_sizes.Z_DIM, cfg, runtime, data)
-    return backend.fit(cfg, runtime, gan, data)
+    return torch_gan.train(
+        cfg,
+        generator_for=lambda data: Generator(data.sample_shape, squash=data.kind == "image"),
+        discriminator_for=lambda data: Discriminator(data.sample_shape),
+        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
+        z_dim=network_sizes.Z_DIM)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,9 @@ lsgan_pytorch.py; the hyperparameters of both are in hparams.py.
 """
 import tensorflow as tf
 
-from common import tf_backend as backend
+from common import tf_gan
 from common.config import parse_args
 from common.errors import exit_on_user_error
-from common.tf_gan import GAN
 from GAN.least_squares_gan import hparams
 from GAN.vanilla_gan import hparams as network_sizes
 from GAN.vanilla_gan.gan_tensorflow import make_discriminator, make_generator
@@ -32,12 +31,12 @@ def generator_loss(fake_scores):
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("lsgan", "tensorflow", hparams.DEFAULTS, argv)
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime)
-    gan = GAN(make_generator(data.sample_shape, squash=data.kind == "image"),
-              make_discriminator(data.sample_shape),
-              discriminator_loss, generator_loss, network_sizes.Z_DIM, cfg, runtime, data)
-    return backend.fit(cfg, runtime, gan, data)
+    return tf_gan.train(
+        cfg,
+        generator_for=lambda data: make_generator(data.sample_shape, squash=data.kind == "image"),
+        discriminator_for=lambda data: make_discriminator(data.sample_shape),
+        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
+        z_dim=network_sizes.Z_DIM)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import torch_backend as backend
+from common import torch_gan
 from common.config import parse_args
 from common.errors import exit_on_user_error
-from common.torch_gan import GAN
 from GAN.vanilla_gan import hparams
 
 
@@ -77,12 +77,12 @@ def generator_loss(fake_logits):
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("vanilla_gan", "pytorch", hparams.DEFAULTS, argv)
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime)
-    gan = GAN(Generator(data.sample_shape, squash=data.kind == "image"),
-              Discriminator(data.sample_shape),
-              discriminator_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
-    return backend.fit(cfg, runtime, gan, data)
+    return torch_gan.train(
+        cfg,
+        generator_for=lambda data: Generator(data.sample_shape, squash=data.kind == "image"),
+        discriminator_for=lambda data: Discriminator(data.sample_shape),
+        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
+        z_dim=hparams.Z_DIM)
 
 
 if __name__ == "__main__":

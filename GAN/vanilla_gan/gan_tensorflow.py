@@ -13,10 +13,9 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from common import tf_backend as backend
+from common import tf_gan
 from common.config import parse_args
 from common.errors import exit_on_user_error
-from common.tf_gan import GAN
 from GAN.vanilla_gan import hparams
 
 # Glorot-uniform weights, zero biases (Keras' defaults, set here because the twin sets them).
@@ -63,12 +62,12 @@ def generator_loss(fake_logits):
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("vanilla_gan", "tensorflow", hparams.DEFAULTS, argv)
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime)
-    gan = GAN(make_generator(data.sample_shape, squash=data.kind == "image"),
-              make_discriminator(data.sample_shape),
-              discriminator_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
-    return backend.fit(cfg, runtime, gan, data)
+    return tf_gan.train(
+        cfg,
+        generator_for=lambda data: make_generator(data.sample_shape, squash=data.kind == "image"),
+        discriminator_for=lambda data: make_discriminator(data.sample_shape),
+        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
+        z_dim=hparams.Z_DIM)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,245 @@
+"""The vanilla VAE pair: short real runs with and without --amp, the loss against the closed
+form, float32 where AMP would overflow, bit-exact resume, the reconstruction grid's layout,
+and refusing 2-D point datasets."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from common import sampling
+from common.data import embedded_mnist
+from VAE.vanilla_vae import hparams, vae_pytorch, vae_tensorflow
+
+SCRIPTS = {"pytorch": vae_pytorch, "tensorflow": vae_tensorflow}
+TINY = ["--batch-size", "32", "--data-limit", "256", "--log-every", "2"]
+GRID_PIXELS = 8 * (28 + 2) + 2  # 8 columns of 28-pixel images, 2-pixel gaps, 8 rows
+
+
+def train(framework, out, *extra):
+    return SCRIPTS[framework].main(["--out", str(out), *TINY, *extra])
+
+
+def read_history(out):
+    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+
+
+def gray_png(path):
+    """A saved grid as float gray levels in [0, 1] (the PNGs are RGBA with equal RGB)."""
+    return np.asarray(Image.open(path).convert("L"), dtype=np.float32) / 255.0
+
+
+# --- short runs ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_short_run_logs_recon_and_kl_and_writes_both_grids(framework, amp, tmp_path):
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "6", "--checkpoint-every", "0",
+          *(["--amp"] if amp else []))
+
+    assert json.loads((out / "config.json").read_text())["precision"] == (
+        "amp-bf16" if amp else "fp32")
+    history = read_history(out)
+    assert [row["step"] for row in history] == [2, 4, 6]
+    for row in history:
+        assert all(math.isfinite(row[k]) for k in ("loss", "recon", "kl")), row
+        assert row["recon"] > 0 and row["kl"] > 0
+        assert row["loss"] == pytest.approx(row["recon"] + row["kl"], rel=1e-5)
+    assert history[-1]["loss"] < history[0]["loss"] - 20  # it learns from step one
+
+    # Both frameworks decode the same z: the fixed noise depends on the seed alone.
+    expected = np.random.default_rng([0, sampling.NOISE_STREAM]).standard_normal((64, 20))
+    np.testing.assert_array_equal(np.load(out / "fixed_noise.npy"), expected.astype(np.float32))
+
+    samples, recon = out / "samples" / "step_000006.png", out / "samples" / "step_000006_recon.png"
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [samples.name, recon.name]
+    assert gray_png(samples).shape == gray_png(recon).shape == (GRID_PIXELS, GRID_PIXELS)
+    # Row one of the reconstruction grid holds the first test images themselves.
+    first_test_image = embedded_mnist("test")[0][0, :, :, 0] / 255.0
+    np.testing.assert_allclose(gray_png(recon)[2:30, 2:30], first_test_image, atol=2 / 255)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("dataset", ["ring8", "grid25"])
+def test_point_datasets_are_refused_in_one_line(framework, dataset, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train(framework, tmp_path / "run", "--dataset", dataset)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2
+    assert err.startswith("error: the VAE models images") and "\n" not in err, err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def checkpoint_tensors(path):
+    """Every array in a checkpoint, flattened to {name: numpy}, whichever the framework."""
+    if path.suffix == ".npz":
+        with np.load(path) as stored:
+            return {k: stored[k] for k in stored.files}
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}/{key}", item)
+        elif torch.is_tensor(value):
+            flat[prefix] = value.numpy()
+
+    walk("", torch.load(path, weights_only=True))
+    return flat
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_resume_is_bit_exact(framework, amp, tmp_path):
+    flags = ["--checkpoint-every", "4", "--sample-every", "0", "--seed", "5",
+             *(["--amp"] if amp else [])]
+    # 10 steps of 32 out of 256 examples: the resumed half crosses an epoch boundary.
+    train(framework, tmp_path / "straight", "--iters", "10", *flags)
+    train(framework, tmp_path / "resumed", "--iters", "6", *flags)
+    train(framework, tmp_path / "resumed", "--iters", "10", "--resume", *flags)
+
+    suffix = "pt" if framework == "pytorch" else "npz"
+    name = f"step_000010.{suffix}"
+    straight = checkpoint_tensors(tmp_path / "straight" / "checkpoints" / name)
+    resumed = checkpoint_tensors(tmp_path / "resumed" / "checkpoints" / name)
+    assert straight.keys() == resumed.keys() and len(straight) > 12
+    for key in straight:
+        np.testing.assert_array_equal(straight[key], resumed[key], err_msg=key)
+    timeless = lambda out: [{k: v for k, v in row.items() if k != "step_ms"}
+                            for row in read_history(out)]
+    assert timeless(tmp_path / "straight") == timeless(tmp_path / "resumed")
+
+
+# --- the loss and float32 where it matters --------------------------------------------------
+
+# Two examples of three "pixels", latent 2.
+X = [[0.0, 1.0, 0.5], [1.0, 0.0, 0.25]]
+LOGITS = [[0.3, -1.2, 2.0], [-0.5, 0.7, 0.0]]
+MEAN = [[0.1, -0.2], [0.5, 0.0]]
+LOGVAR = [[0.0, -1.0], [0.4, 0.2]]
+
+
+def closed_form_loss():
+    """-ELBO per example, averaged: the textbook formulas, term by term, in float64."""
+    def bce(target, logit):
+        p = 1.0 / (1.0 + math.exp(-logit))
+        return -(target * math.log(p) + (1.0 - target) * math.log(1.0 - p))
+
+    recon = sum(bce(t, l) for x, lg in zip(X, LOGITS) for t, l in zip(x, lg)) / len(X)
+    kl = sum(-0.5 * sum(1.0 + v - m * m - math.exp(v) for m, v in zip(ms, vs))
+             for ms, vs in zip(MEAN, LOGVAR)) / len(X)
+    return recon + kl, recon, kl
+
+
+def run_loss(framework, *arrays, dtype="float32"):
+    if framework == "pytorch":
+        tensors = [torch.tensor(a, dtype=getattr(torch, dtype)) for a in arrays]
+        return [t.item() for t in vae_pytorch.vae_loss(*tensors)]
+    import tensorflow as tf
+
+    tensors = [tf.constant(a, dtype=getattr(tf, dtype)) for a in arrays]
+    return [float(t) for t in vae_tensorflow.vae_loss(*tensors)]
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_loss_is_summed_bce_plus_kl_averaged_over_the_batch(framework):
+    loss, recon, kl = closed_form_loss()
+    # By hand: recon = (3.44447 + 2.77041) / 2, kl = (0.20894 + 0.18161) / 2.
+    assert recon == pytest.approx(3.10749, abs=1e-5) and kl == pytest.approx(0.19528, abs=1e-5)
+    got = run_loss(framework, X, LOGITS, MEAN, LOGVAR)
+    assert got == pytest.approx([loss, recon, kl], rel=1e-6)
+
+
+# exp(30) = 1.07e13 and exp(15) = 3.3e6 overflow float16 (max 65,504); bfloat16 holds them with
+# only 8 bits of mantissa (relative error up to 2**-9). float32 gets them right to ~1e-7.
+BIG_LOGVAR = 30.0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_pytorch_reparameterisation_and_kl_do_not_overflow_under_autocast(dtype):
+    low = getattr(torch, dtype)
+    mean = torch.tensor([[0.5, -1.0]], dtype=low)
+    logvar = torch.full((1, 2), BIG_LOGVAR, dtype=low)  # as if a head had run in 16 bits
+    eps = torch.tensor([[1.0, -0.5]])
+    with torch.amp.autocast("cpu", dtype=low):
+        z = vae_pytorch.reparameterize(mean, logvar, eps)
+        _, _, kl = vae_pytorch.vae_loss(torch.zeros(1, 3), torch.zeros(1, 3), mean, logvar)
+    sigma = math.exp(BIG_LOGVAR / 2)
+    assert z.dtype == torch.float32 and kl.dtype == torch.float32
+    np.testing.assert_allclose(z.numpy(), [[0.5 + sigma, -1.0 - 0.5 * sigma]], rtol=1e-6)
+    expected_kl = -0.5 * sum(1 + BIG_LOGVAR - m * m - math.exp(BIG_LOGVAR) for m in (0.5, -1.0))
+    assert kl.item() == pytest.approx(expected_kl, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensorflow_reparameterisation_and_kl_do_not_overflow_in_16_bits(dtype):
+    import tensorflow as tf
+
+    low = getattr(tf, dtype)
+    mean = tf.constant([[0.5, -1.0]], dtype=low)
+    logvar = tf.fill((1, 2), tf.constant(BIG_LOGVAR, dtype=low))
+    z = vae_tensorflow.reparameterize(mean, logvar, tf.constant([[1.0, -0.5]]))
+    _, _, kl = vae_tensorflow.vae_loss(tf.zeros((1, 3)), tf.zeros((1, 3)), mean, logvar)
+    sigma = math.exp(BIG_LOGVAR / 2)
+    assert z.dtype == tf.float32 and kl.dtype == tf.float32
+    np.testing.assert_allclose(z.numpy(), [[0.5 + sigma, -1.0 - 0.5 * sigma]], rtol=1e-6)
+    expected_kl = -0.5 * sum(1 + BIG_LOGVAR - m * m - math.exp(BIG_LOGVAR) for m in (0.5, -1.0))
+    assert float(kl) == pytest.approx(expected_kl, rel=1e-6)
+
+
+def test_pytorch_heads_run_in_float32_under_autocast():
+    encoder, decoder = vae_pytorch.Encoder((1, 28, 28)), vae_pytorch.Decoder((1, 28, 28))
+    x = torch.rand(4, 1, 28, 28)
+    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
+        assert encoder.hidden(x).dtype == torch.bfloat16  # autocast is really on
+        mean, logvar = encoder(x)
+        logits = decoder(mean)
+    assert mean.dtype == logvar.dtype == logits.dtype == torch.float32
+    assert logits.shape == (4, 1, 28, 28) and mean.shape == (4, hparams.LATENT)
+
+
+def test_tensorflow_heads_run_in_float32_under_mixed_policy():
+    import keras
+    import tensorflow as tf
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        encoder = vae_tensorflow.make_encoder((28, 28, 1))
+        decoder = vae_tensorflow.make_decoder((28, 28, 1))
+        hidden = keras.Model(encoder.input, encoder.layers[2].output)
+        x = tf.random.uniform((4, 28, 28, 1))
+        assert hidden(x).dtype == tf.bfloat16  # the policy is really on
+        mean, logvar = encoder(x)
+        logits = decoder(mean)
+        assert mean.dtype == logvar.dtype == logits.dtype == tf.float32
+        assert logits.shape == (4, 28, 28, 1) and mean.shape == (4, hparams.LATENT)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+# --- the reconstruction grid ----------------------------------------------------------------
+
+def test_reconstruction_rows_alternate_originals_and_reconstructions():
+    originals = np.arange(10, dtype=np.float32).reshape(10, 1, 1, 1)
+    tiles = sampling.reconstruction_rows(originals, -originals, columns=4, blank=9.5)
+    assert tiles.ravel().tolist() == [0, 1, 2, 3, -0, -1, -2, -3,
+                                      4, 5, 6, 7, -4, -5, -6, -7,
+                                      8, 9, 9.5, 9.5, -8, -9, 9.5, 9.5]
+    with pytest.raises(ValueError):
+        sampling.reconstruction_rows(originals, originals[:9])
+
+
+def test_save_reconstruction_grid_puts_originals_above_reconstructions(tmp_path):
+    originals = np.full((3, 4, 4, 1), 1.0, dtype=np.float32)  # white
+    reconstructions = np.full((3, 4, 4, 1), -1.0, dtype=np.float32)  # black in (-1, 1)
+    path = tmp_path / "grid.png"
+    sampling.save_reconstruction_grid(originals, reconstructions, path, columns=2)
+    grid = gray_png(path)
+    assert grid.shape == (4 * 6 + 2, 2 * 6 + 2)  # rows: originals, recon, originals, recon
+    tile = lambda row, col: grid[2 + 6 * row:6 + 6 * row, 2 + 6 * col:6 + 6 * col]
+    assert tile(0, 0).min() == 1.0 and tile(1, 0).max() == 0.0 and tile(1, 1).max() == 0.0
+    assert tile(2, 0).min() == 1.0 and tile(3, 0).max() == 0.0
+    assert tile(2, 1).min() == 1.0 and tile(3, 1).min() == 1.0  # padding is blank (white)
