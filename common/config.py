@@ -194,6 +194,13 @@ def validate(cfg: RunConfig) -> None:
                          f"{cfg.batch_size}: not one full batch")
 
 
+def require_image_dataset(cfg: RunConfig, model_says: str) -> None:
+    """Models of images refuse the 2-D mixtures with one line (exit 2)."""
+    if cfg.dataset in POINT_DATASETS:
+        raise UsageError(f"{model_says}; --dataset {cfg.dataset} is 2-D points: use mnist, "
+                         "fashion-mnist, cifar10 or folder (the MLP GANs take the mixtures)")
+
+
 def resolve_precision(cfg: RunConfig, device_type: str, bf16_supported: bool = True) -> str:
     """Map --amp/--amp-dtype and the device to 'fp32', 'amp-fp16' or 'amp-bf16'.
 

@@ -125,6 +125,15 @@ def load_training_set(cfg) -> Dataset:
     return dataset
 
 
+def fixed_test_images(cfg, count: int) -> np.ndarray:
+    """The first `count` test images of the run's dataset, NHWC float32 in [0, 1]: the same
+    images in every sample grid and in both frameworks ("folder" has no test split: its
+    first training images)."""
+    test = load_dataset(cfg.dataset, cfg.data_dir, split="test", limit=count,
+                        image_size=cfg.image_size, seed=cfg.seed)
+    return to_unit_range(test.x)
+
+
 def _check_arguments(name: str, split: str, limit: int | None, image_size: int | None, seed: int) -> None:
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 COLUMNS = ("run", "precision", "device", "steps", "median ms/step", "samples/s",
-           "peak MB", "skipped", "final d_loss", "final g_loss")
+           "peak MB", "skipped", "final losses")
+NOT_LOSSES = ("loss_scale", "skipped", "skipped_total")
 
 
 def rows(folders):
@@ -21,12 +22,12 @@ def rows(folders):
             run = summary_path.parent
             summary = json.loads(summary_path.read_text())
             config = json.loads((run / "config.json").read_text())
-            final = summary.get("final", {})
+            losses = ", ".join(f"{k} {v:.3f}" for k, v in summary.get("final", {}).items()
+                               if k not in NOT_LOSSES)
             yield (f"{summary['model']} {summary['framework']}", config["precision"],
                    config["device"], str(summary["step"]), f"{summary['median_step_ms']:.2f}",
                    f"{summary['samples_per_s']:.0f}", f"{summary['peak_memory_mb']:.0f}",
-                   str(summary["skipped_steps"]),
-                   *(f"{final[k]:.3f}" if k in final else "-" for k in ("d_loss", "g_loss")))
+                   str(summary["skipped_steps"]), losses or "-")
 
 
 def main(argv=None):

@@ -156,6 +156,8 @@ def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
     assert len(table) == 4  # header, rule, two runs
     assert "vanilla_gan pytorch | fp32 | cpu | 4 |" in table[2]
     assert "vanilla_gan tensorflow | amp-bf16 | cpu | 4 |" in table[3]
+    final = json.loads((tmp_path / "runs" / "pt" / "summary.json").read_text())["final"]
+    assert table[2].endswith(f"| d_loss {final['d_loss']:.3f}, g_loss {final['g_loss']:.3f} |")
     assert summarize_runs.main([str(tmp_path / "empty")]) == 1
 
 

@@ -128,7 +128,8 @@ def closed_form_loss():
         p = 1.0 / (1.0 + math.exp(-logit))
         return -(target * math.log(p) + (1.0 - target) * math.log(1.0 - p))
 
-    recon = sum(bce(t, l) for x, lg in zip(X, LOGITS) for t, l in zip(x, lg)) / len(X)
+    recon = sum(bce(t, logit) for xs, logits in zip(X, LOGITS) for t, logit in zip(xs, logits))
+    recon /= len(X)
     kl = sum(-0.5 * sum(1.0 + v - m * m - math.exp(v) for m, v in zip(ms, vs))
              for ms, vs in zip(MEAN, LOGVAR)) / len(X)
     return recon + kl, recon, kl

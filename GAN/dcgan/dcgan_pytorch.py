@@ -15,8 +15,8 @@ from torch import nn
 
 from common import torch_backend as backend
 from common import torch_gan
-from common.config import POINT_DATASETS, parse_args
-from common.errors import UsageError, exit_on_user_error
+from common.config import parse_args, require_image_dataset
+from common.errors import exit_on_user_error
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_pytorch import discriminator_loss, generator_loss
 
@@ -81,9 +81,7 @@ class Discriminator(nn.Module):
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("dcgan", "pytorch", hparams.DEFAULTS, argv)
-    if cfg.dataset in POINT_DATASETS:
-        raise UsageError(f"DCGAN is convolutional: {cfg.dataset} is 2-D points; "
-                         "the MLP GANs (vanilla, LSGAN) take the mixtures")
+    require_image_dataset(cfg, "DCGAN is convolutional")
     return torch_gan.train(
         cfg,
         generator_for=lambda data: Generator(data.sample_shape),

@@ -13,8 +13,8 @@ import keras
 from keras import layers
 
 from common import tf_gan
-from common.config import POINT_DATASETS, parse_args
-from common.errors import UsageError, exit_on_user_error
+from common.config import parse_args, require_image_dataset
+from common.errors import exit_on_user_error
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
 
@@ -66,9 +66,7 @@ def make_discriminator(image_shape: tuple) -> keras.Model:
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("dcgan", "tensorflow", hparams.DEFAULTS, argv)
-    if cfg.dataset in POINT_DATASETS:
-        raise UsageError(f"DCGAN is convolutional: {cfg.dataset} is 2-D points; "
-                         "the MLP GANs (vanilla, LSGAN) take the mixtures")
+    require_image_dataset(cfg, "DCGAN is convolutional")
     return tf_gan.train(
         cfg,
         generator_for=lambda data: make_generator(data.sample_shape),

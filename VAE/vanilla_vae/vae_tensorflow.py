@@ -1,0 +1,136 @@
+"""Variational autoencoder (Kingma & Welling, 2014) in TensorFlow/Keras, with automatic mixed
+precision.
+
+    python VAE/vanilla_vae/vae_tensorflow.py          # MNIST, float32
+    python VAE/vanilla_vae/vae_tensorflow.py --amp    # mixed_bfloat16 on CPU, mixed_float16 on CUDA
+
+An MLP encoder gives the mean and log-variance of q(z|x), a diagonal Gaussian; z is drawn by
+reparameterisation, z = mean + exp(logvar / 2) * eps, and an MLP decoder turns z into one
+Bernoulli logit per pixel. The loss is the negative ELBO per example, averaged over the batch:
+the reconstruction term (BCE-with-logits summed over pixels) plus KL(q(z|x) || N(0, I)).
+
+Under AMP the hidden layers run in 16 bits, but the heads (mean, log-variance, logits) are
+built with dtype="float32", and the reparameterisation and the KL cast to float32 first:
+exp(logvar) overflows float16 as soon as logvar passes ~11.
+The PyTorch twin is vae_pytorch.py; the hyperparameters of both are in hparams.py.
+"""
+import math
+
+import keras
+import tensorflow as tf
+from keras import layers
+
+from common import data as datasets
+from common import sampling
+from common import tf_backend as backend
+from common.config import parse_args, require_image_dataset
+from common.errors import exit_on_user_error
+from VAE.vanilla_vae import hparams
+
+# Glorot-uniform weights, zero biases (Keras' defaults, set here because the twin sets them).
+DENSE_INIT = dict(kernel_initializer="glorot_uniform", bias_initializer="zeros")
+
+
+def make_encoder(data_shape: tuple) -> keras.Model:
+    """image -> 400 (ReLU) -> mean and log-variance of q(z|x), both heads in float32."""
+    x = keras.Input(data_shape)
+    h = layers.Flatten()(x)
+    h = layers.Dense(hparams.HIDDEN, activation="relu", **DENSE_INIT)(h)
+    mean = layers.Dense(hparams.LATENT, dtype="float32", name="mean", **DENSE_INIT)(h)
+    logvar = layers.Dense(hparams.LATENT, dtype="float32", name="logvar", **DENSE_INIT)(h)
+    return keras.Model(x, [mean, logvar], name="encoder")
+
+
+def make_decoder(data_shape: tuple) -> keras.Model:
+    """z -> 400 (ReLU) -> one Bernoulli logit per pixel, computed in float32."""
+    return keras.Sequential([
+        keras.Input((hparams.LATENT,)),
+        layers.Dense(hparams.HIDDEN, activation="relu", **DENSE_INIT),
+        layers.Dense(math.prod(data_shape), dtype="float32", **DENSE_INIT),
+        layers.Reshape(data_shape, dtype="float32"),
+    ], name="decoder")
+
+
+def reparameterize(mean, logvar, eps):
+    """z = mean + sigma * eps, in float32: exp(logvar / 2) overflows float16 from logvar ~22."""
+    mean, logvar, eps = (tf.cast(t, tf.float32) for t in (mean, logvar, eps))
+    return mean + tf.exp(0.5 * logvar) * eps
+
+
+def vae_loss(x, logits, mean, logvar):
+    """Negative ELBO per example, averaged over the batch, in float32: (loss, recon, kl).
+
+    recon = sum over pixels of BCE(x, sigmoid(logits)), taken on the logits (fused and stable);
+    kl    = KL(N(mean, exp(logvar)) || N(0, I)) = -1/2 sum(1 + logvar - mean^2 - exp(logvar)).
+    """
+    x, logits, mean, logvar = (tf.cast(t, tf.float32) for t in (x, logits, mean, logvar))
+    bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=x, logits=logits)
+    recon = tf.reduce_mean(tf.reduce_sum(tf.reshape(bce, [tf.shape(bce)[0], -1]), axis=1))
+    kl = tf.reduce_mean(-0.5 * tf.reduce_sum(1.0 + logvar - tf.square(mean) - tf.exp(logvar),
+                                             axis=1))
+    return recon + kl, recon, kl
+
+
+class VAE:
+    """The training step and the sample grids; common/tf_backend.py's Session drives it
+    (and compiles train_step with tf.function)."""
+
+    def __init__(self, encoder: keras.Model, decoder: keras.Model, cfg,
+                 runtime: backend.Runtime):
+        self.encoder, self.decoder = encoder, decoder
+        self.cfg, self.runtime = cfg, runtime
+        self.variables = encoder.trainable_variables + decoder.trainable_variables
+        self.optimizer = backend.make_optimizer(cfg, runtime)
+        self.optimizer.build(self.variables)  # checkpoints need the slots now
+        self.noise = tf.random.Generator.from_seed(cfg.seed)  # eps; saved in checkpoints
+        self.modules = {"encoder": encoder, "decoder": decoder}
+        self.optimizers = {"vae": self.optimizer}
+        self._fixed_noise = self._test_images = None
+
+    def train_step(self, x):
+        with tf.GradientTape() as tape:
+            mean, logvar = self.encoder(x, training=True)
+            z = reparameterize(mean, logvar, self.noise.normal(tf.shape(mean)))
+            logits = self.decoder(z, training=True)
+            loss, recon, kl = vae_loss(x, logits, mean, logvar)
+            scaled_loss = self.optimizer.scale_loss(loss)  # unchanged unless float16
+        skipped = backend.apply_gradients(self.optimizer,
+                                          tape.gradient(scaled_loss, self.variables),
+                                          self.variables)
+
+        metrics = {"loss": loss, "recon": recon, "kl": kl}
+        if self.runtime.loss_scaling:
+            metrics["skipped"] = skipped
+        return metrics
+
+    def write_samples(self, run, step: int):
+        """Decode the run's fixed prior noise, and reconstruct fixed test images from their
+        posterior means (no sampling, so successive grids differ only by training)."""
+        if self._fixed_noise is None:
+            self._fixed_noise = tf.constant(sampling.fixed_noise(
+                run.path, hparams.SAMPLE_COUNT, hparams.LATENT, self.cfg.seed))
+            self._test_images = tf.constant(
+                datasets.fixed_test_images(self.cfg, hparams.RECONSTRUCTION_COUNT))
+        samples = tf.sigmoid(tf.cast(self.decoder(self._fixed_noise, training=False), tf.float32))
+        mean, _ = self.encoder(self._test_images, training=False)
+        reconstructions = tf.sigmoid(tf.cast(self.decoder(mean, training=False), tf.float32))
+        sampling.save_image_grid(samples.numpy(), run.sample_path(step),
+                                 value_range=hparams.PIXEL_RANGE)
+        sampling.save_reconstruction_grid(self._test_images.numpy(), reconstructions.numpy(),
+                                          run.sample_path(step, "_recon"),
+                                          value_range=hparams.PIXEL_RANGE)
+
+
+
+@exit_on_user_error
+def main(argv=None):
+    cfg = parse_args("vanilla_vae", "tensorflow", hparams.DEFAULTS, argv)
+    require_image_dataset(cfg, "the VAE models images with a Bernoulli decoder")
+    runtime = backend.setup(cfg)
+    data = backend.load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    vae = VAE(make_encoder(data.sample_shape), make_decoder(data.sample_shape), cfg, runtime)
+    return backend.fit(cfg, runtime, vae, data)
+
+
+if __name__ == "__main__":
+    main()
