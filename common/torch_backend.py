@@ -112,6 +112,15 @@ class FullPrecision(nn.Module):
             return self.layer(x.float())
 
 
+def init_like_keras_dense(module: nn.Module):
+    """Glorot-uniform weights and zero biases for every Linear layer: Keras' Dense defaults,
+    which the TensorFlow twins set explicitly, so both start from the same distribution."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+
 def make_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":

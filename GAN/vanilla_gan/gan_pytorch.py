@@ -20,14 +20,6 @@ from common.errors import exit_on_user_error
 from GAN.vanilla_gan import hparams
 
 
-def init_weights(module: nn.Module):
-    """Glorot-uniform weights, zero biases: Keras' Dense defaults, so the twins match."""
-    for layer in module.modules():
-        if isinstance(layer, nn.Linear):
-            nn.init.xavier_uniform_(layer.weight)
-            nn.init.zeros_(layer.bias)
-
-
 class Generator(nn.Module):
     """z -> 128 (ReLU) -> data. tanh for images in [-1, 1]; linear for 2-D points."""
 
@@ -36,7 +28,7 @@ class Generator(nn.Module):
         self.data_shape, self.squash = data_shape, squash
         self.hidden = nn.Sequential(nn.Linear(hparams.Z_DIM, hparams.HIDDEN), nn.ReLU())
         self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
-        init_weights(self)
+        backend.init_like_keras_dense(self)
 
     def forward(self, z):
         x = self.out(self.hidden(z))
@@ -56,7 +48,7 @@ class Discriminator(nn.Module):
             nn.LeakyReLU(hparams.LEAKY_SLOPE),
         )
         self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, 1))
-        init_weights(self)
+        backend.init_like_keras_dense(self)
 
     def forward(self, x):
         return self.out(self.hidden(x))

@@ -27,14 +27,6 @@ from common.errors import exit_on_user_error
 from VAE.vanilla_vae import hparams
 
 
-def init_weights(module: nn.Module):
-    """Glorot-uniform weights, zero biases: Keras' Dense defaults, so the twins match."""
-    for layer in module.modules():
-        if isinstance(layer, nn.Linear):
-            nn.init.xavier_uniform_(layer.weight)
-            nn.init.zeros_(layer.bias)
-
-
 class Encoder(nn.Module):
     """image -> 400 (ReLU) -> mean and log-variance of q(z|x), both heads in float32."""
 
@@ -47,7 +39,7 @@ class Encoder(nn.Module):
         )
         self.mean = backend.FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
         self.logvar = backend.FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
-        init_weights(self)
+        backend.init_like_keras_dense(self)
 
     def forward(self, x):
         h = self.hidden(x)
@@ -62,7 +54,7 @@ class Decoder(nn.Module):
         self.data_shape = data_shape
         self.hidden = nn.Sequential(nn.Linear(hparams.LATENT, hparams.HIDDEN), nn.ReLU())
         self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
-        init_weights(self)
+        backend.init_like_keras_dense(self)
 
     def forward(self, z):
         return self.out(self.hidden(z)).view(-1, *self.data_shape)
