@@ -51,6 +51,7 @@ class RunConfig:
     log_every: int = 100
     checkpoint_every: int = 1000
     profile: bool = False
+    init_from: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -136,6 +137,10 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training.add_argument("--weight-decay", type=_non_negative_float,
                           help="decoupled weight decay (adamw only)")
     training.add_argument("--seed", type=_non_negative_int, help="seeds Python, numpy and the framework")
+    training.add_argument("--init-from", metavar="RUN_DIR|WEIGHTS.npz",
+                          help="start from the initial weights of another run, of either "
+                               "framework (its initial_weights.npz), instead of a fresh init; "
+                               "--resume continues from the checkpoint instead")
     training.add_argument("--device", choices=("auto", "cpu", "cuda"),
                           help="auto = CUDA when available, else CPU")
 

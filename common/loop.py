@@ -74,6 +74,8 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
     profile_at = start_step + PROFILE_WARMUP if cfg.profile else None
     stopped_early = False
 
+    if start_step == 0 and cfg.sample_every:
+        session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
     session.synchronize()
     interval_start, io_seconds = time.perf_counter(), 0.0
     with _StopRequest() as stop:

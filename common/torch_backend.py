@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from common import data as datasets
-from common import loop
+from common import loop, porting
 from common.config import (
     LOSS_SCALE_GROWTH_INTERVAL,
     LOSS_SCALE_INIT,
@@ -265,9 +265,22 @@ class Session:
 
 
 def fit(cfg: RunConfig, runtime: Runtime, trainer, data: DeviceData, log=print) -> dict:
-    """Prepare the run folder and hand the trainer to the shared loop."""
+    """Start from --init-from's weights if given, prepare the run folder, save the initial
+    weights there (in the layout both frameworks read), and hand the trainer to the loop."""
+    shape = data.dataset.sample_shape
+    if cfg.init_from and not cfg.resume:
+        source = porting.start_from(cfg.init_from, trainer.modules,
+                                    lambda module, layers: porting.torch_import(module, layers, shape),
+                                    shape)
+        log(f"initial weights from {source}")
     run = RunFolder.prepare(cfg, runtime.precision, {
         "device": str(runtime.device), "versions": {"torch": torch.__version__,
                                                     "numpy": np.__version__}})
     log(f"run folder: {run.path}")
+    if not cfg.resume:
+        porting.save_initial_weights(
+            run.path, {name: porting.torch_export(module, shape)
+                       for name, module in trainer.modules.items()},
+            {"model": cfg.model, "framework": "pytorch", "seed": cfg.seed,
+             "sample_shape": list(shape)})
     return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)

@@ -61,7 +61,7 @@ def test_short_run_writes_the_run_folder(framework, amp, tmp_path):
         assert row["loss_scale"] == 1.0 and row["skipped"] == 0 and row["step_ms"] > 0
     assert np.load(out / "fixed_noise.npy").shape == (64, 100)
     assert sorted(p.name for p in (out / "samples").iterdir()) == [
-        "step_000003.png", "step_000006.png"]
+        "step_000000.png", "step_000003.png", "step_000006.png"]  # step 0: the starting point
     suffix = "pt" if framework == "pytorch" else "npz"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         f"step_000004.{suffix}", f"step_000006.{suffix}"]  # the last two are kept

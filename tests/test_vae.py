@@ -55,7 +55,8 @@ def test_short_run_logs_recon_and_kl_and_writes_both_grids(framework, amp, tmp_p
     np.testing.assert_array_equal(np.load(out / "fixed_noise.npy"), expected.astype(np.float32))
 
     samples, recon = out / "samples" / "step_000006.png", out / "samples" / "step_000006_recon.png"
-    assert sorted(p.name for p in (out / "samples").iterdir()) == [samples.name, recon.name]
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [
+        "step_000000.png", "step_000000_recon.png", samples.name, recon.name]
     assert gray_png(samples).shape == gray_png(recon).shape == (GRID_PIXELS, GRID_PIXELS)
     # Row one of the reconstruction grid holds the first test images themselves.
     first_test_image = embedded_mnist("test")[0][0, :, :, 0] / 255.0
