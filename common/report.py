@@ -1,0 +1,199 @@
+"""Side-by-side reports of finished runs (numpy + matplotlib, no framework): the sample grids
+of each run at matching steps, overlaid loss curves (and loss-scale curves under float16), and
+a table of speed, memory and stability, as markdown and as JSON. scripts/compare.py writes one.
+
+Every run's grids come from its own fixed_noise.npy, drawn from --seed alone, so runs with the
+same seed show the same z in the same cell: the two frameworks, or FP32 and AMP, side by side.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from common.config import POINT_DATASETS  # noqa: E402
+from common.errors import UserError  # noqa: E402
+from common.runs import RunFolder, atomic_write  # noqa: E402
+
+NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms")
+SAMPLE_NAME = re.compile(r"^step_(\d{6,})\.png$")  # prior samples, not the VAE's _recon grids
+
+
+@dataclass
+class Side:
+    """One finished run as the report sees it."""
+
+    label: str
+    run: RunFolder
+    config: dict
+    summary: dict
+    history: list[dict]
+
+    @property
+    def shows_images(self) -> bool:
+        return self.config.get("dataset") not in POINT_DATASETS
+
+    def sample_steps(self) -> list[int]:
+        if not self.run.samples.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.run.samples.iterdir()
+                      if (m := SAMPLE_NAME.match(p.name)))
+
+
+def load_side(path: Path, label: str | None = None) -> Side:
+    """Read a run folder; one UserError line when it is not a finished run."""
+    run = RunFolder(path)
+    try:
+        config = json.loads((run.path / "config.json").read_text())
+        summary = json.loads((run.path / "summary.json").read_text())
+    except FileNotFoundError as error:
+        raise UserError(f"{run.path} is not a finished run (no {Path(error.filename).name})") from None
+    except ValueError as error:
+        raise UserError(f"{run.path} has an unreadable config.json or summary.json ({error})") from None
+    label = label or f"{config['framework']} {config['precision']}"
+    return Side(label, run, config, summary, run.read_history())
+
+
+def matching_steps(sides: list[Side], most: int = 4) -> list[int]:
+    """Up to `most` sample steps every side has, spread from the first to the last."""
+    common = sorted(set.intersection(*(set(side.sample_steps()) for side in sides)))
+    if len(common) <= most:
+        return common
+    picks = np.linspace(0, len(common) - 1, most).round().astype(int)
+    return [common[i] for i in sorted(set(picks))]
+
+
+def read_grid(side: Side, step: int) -> np.ndarray:
+    """A saved grid as float RGB in [0, 1]."""
+    image = plt.imread(side.run.sample_path(step))
+    return image[..., :3].astype(np.float64)
+
+
+def sample_drift(sides: list[Side], steps: list[int]) -> dict[int, float]:
+    """Mean absolute pixel difference (0-1 scale) between two image runs' grids per step:
+    0 at step 0 when both start from the same weights, then how far the trainings drift."""
+    if len(sides) != 2 or not all(side.shows_images for side in sides):
+        return {}
+    return {step: float(np.abs(read_grid(sides[0], step) - read_grid(sides[1], step)).mean())
+            for step in steps}
+
+
+def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
+    """Rows: matching steps; columns: the runs."""
+    fig, axes = plt.subplots(len(steps), len(sides), squeeze=False,
+                             figsize=(3.2 * len(sides), 3.2 * len(steps)))
+    for row, step in enumerate(steps):
+        for column, side in enumerate(sides):
+            axis = axes[row][column]
+            axis.imshow(plt.imread(side.run.sample_path(step)))
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if row == 0:
+                axis.set_title(side.label, fontsize=10)
+            if column == 0:
+                axis.set_ylabel(f"step {step}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def loss_panels(sides: list[Side]) -> list[str]:
+    """The logged losses, plus the loss scale when any run scaled its loss (float16)."""
+    names = [key for key in sides[0].history[0] if key not in NOT_LOSSES] if sides[0].history else []
+    scaled = any(row.get("loss_scale", 1.0) != 1.0 for side in sides for row in side.history)
+    return names + (["loss_scale"] if scaled else [])
+
+
+def loss_figure(sides: list[Side], path: Path) -> None:
+    """One panel per loss_panels() entry, the runs overlaid; the loss scale on a log axis."""
+    panels = loss_panels(sides)
+    fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
+                             figsize=(4.5 * max(len(panels), 1), 3.4))
+    for axis, name in zip(axes[0], panels):
+        for side in sides:
+            rows = [row for row in side.history if name in row]
+            axis.plot([row["step"] for row in rows], [row[name] for row in rows],
+                      label=side.label, linewidth=1.2)
+        axis.set_title(name)
+        axis.set_xlabel("step")
+        if name == "loss_scale":
+            axis.set_yscale("log", base=2)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table_rows(sides: list[Side]) -> list[dict]:
+    rows = []
+    for side in sides:
+        summary = side.summary
+        final = {k: v for k, v in summary.get("final", {}).items() if k not in NOT_LOSSES}
+        rows.append({
+            "run": side.label, "folder": str(side.run.path),
+            "framework": side.config["framework"], "precision": side.config["precision"],
+            "device": side.config.get("device"), "steps": summary["step"],
+            "median_step_ms": summary.get("median_step_ms"),
+            "samples_per_s": summary.get("samples_per_s"),
+            "peak_memory_mb": summary.get("peak_memory_mb"),
+            "skipped_steps": summary.get("skipped_steps"),
+            "final_losses": final, "metrics": summary.get("metrics", {}),
+        })
+    return rows
+
+
+def _number(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    metric_names = sorted({name for row in rows for name in row["metrics"]})
+    header = ["run", "device", "steps", "median ms/step", "samples/s", "peak MB", "skipped",
+              "final losses", *metric_names]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        losses = ", ".join(f"{k} {v:.3f}" for k, v in row["final_losses"].items()) or "-"
+        cells = [row["run"], str(row["device"]), str(row["steps"]),
+                 _number(row["median_step_ms"], 2), _number(row["samples_per_s"], 0),
+                 _number(row["peak_memory_mb"], 0), str(row["skipped_steps"]), losses,
+                 *(_number(row["metrics"].get(name), 4) for name in metric_names)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(sides: list[Side], folder: Path, title: str, command: str) -> dict:
+    """Write samples.png, losses.png, table.md, table.json and report.md into `folder`;
+    return what table.json holds."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    steps = matching_steps(sides)
+    if not steps:
+        raise UserError("the runs have no sample grid at a common step; give them the same "
+                        "--sample-every and --iters")
+    sample_figure(sides, steps, folder / "samples.png")
+    loss_figure(sides, folder / "losses.png")
+    rows = table_rows(sides)
+    drift = sample_drift(sides, steps)
+    table = markdown_table(rows)
+    first, second = rows[0], rows[-1]
+    lines = [f"# {title}", "", f"    {command}", "", table, ""]
+    if first["median_step_ms"] and second["median_step_ms"]:
+        lines.append(f"{second['run']} takes {second['median_step_ms'] / first['median_step_ms']:.2f}x "
+                     f"the step time of {first['run']}.")
+    if drift:
+        lines.append("Mean absolute difference of the two sample grids (pixels in [0, 1]): "
+                     + ", ".join(f"step {step} {value:.4f}" for step, value in drift.items()) + ".")
+    lines += ["", "![samples](samples.png)", "", "![losses](losses.png)", ""]
+    report = {"title": title, "command": command, "rows": rows, "sample_steps": steps,
+              "sample_drift": {str(k): v for k, v in drift.items()}}
+    atomic_write(folder / "table.md", lambda f: f.write((table + "\n").encode()))
+    atomic_write(folder / "table.json", lambda f: f.write(json.dumps(report, indent=2).encode()))
+    atomic_write(folder / "report.md", lambda f: f.write("\n".join(lines).encode()))
+    return report

@@ -1,0 +1,192 @@
+"""Train two runs of one model and put them side by side: PyTorch against TensorFlow (the
+default), or float32 against AMP in one framework.
+
+    python scripts/compare.py --model dcgan                        # PyTorch vs TensorFlow, float32
+    python scripts/compare.py --model dcgan --amp --same-init      # under AMP, from the same weights
+    python scripts/compare.py --model dcgan --fp32-vs-amp pytorch  # float32 vs AMP in PyTorch
+    python scripts/compare.py --model vae --iters 500 --batch-size 64   # any training flag
+
+Each side is the model's own script, run in a fresh process (so one does not tax the other's
+timing), one after the other, into its normal run folder <runs>/<model>/<framework>-<precision>.
+Both sides get the same data, seed (hence the same fixed noise and batch order) and flags.
+With --same-init the TensorFlow side starts from the PyTorch side's initial weights
+(`--init-from`), so the sample grids agree at step 0 and show how far the trainings drift.
+A folder that already holds a run is reused with --reuse when its settings match (and
+continued with --resume when it stopped short of --iters), or retrained with --overwrite.
+
+The report folder (default <runs>/<model>/compare-...) gets samples.png (the grids from the
+same fixed noise at matching steps), losses.png (overlaid loss curves, plus the loss scale
+under float16), table.md / table.json (median step time, samples/s, peak memory, skipped
+steps, final losses, and quality metrics once a run has them) and report.md with all of it.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from common import report
+from common.config import RESUME_KEYS, parse_args, resolve_precision
+from common.errors import UsageError, UserError, exit_on_user_error
+
+REPO = Path(__file__).resolve().parents[1]
+FRAMEWORKS = ("pytorch", "tensorflow")
+# model -> (folder, script stem, hparams module); `vae` is accepted for vanilla_vae
+MODELS = {
+    "vanilla_gan": ("GAN/vanilla_gan", "gan", "GAN.vanilla_gan.hparams"),
+    "lsgan": ("GAN/least_squares_gan", "lsgan", "GAN.least_squares_gan.hparams"),
+    "dcgan": ("GAN/dcgan", "dcgan", "GAN.dcgan.hparams"),
+    "vanilla_vae": ("VAE/vanilla_vae", "vae", "VAE.vanilla_vae.hparams"),
+}
+ALIASES = {"gan": "vanilla_gan", "vae": "vanilla_vae"}
+OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
+MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype")
+
+
+def script_for(model: str, framework: str) -> Path:
+    folder, stem, _ = MODELS[model]
+    return REPO / folder / f"{stem}_{framework}.py"
+
+
+def device_type(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch  # only to learn whether "auto" means CUDA here
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Plan:
+    """One side: the script, its flags (without compare's own) and its run folder."""
+
+    def __init__(self, model: str, framework: str, amp: bool, flags: list[str], runs: Path,
+                 device: str):
+        self.framework = framework
+        self.flags = [*flags, *(["--amp"] if amp else [])]
+        hparams = importlib.import_module(MODELS[model][2])
+        # The script's own parser: bad flags end here with its one-line error, before training.
+        self.config = parse_args(model, framework, hparams.DEFAULTS, self.flags)
+        self.precision = resolve_precision(self.config, device_type(device))
+        self.folder = runs / model / f"{framework}-{self.precision}"
+        self.init_from: Path | None = None
+        self.label = f"{framework} {self.precision}"
+
+    def command(self, extra: list[str]) -> list[str]:
+        init = ["--init-from", str(self.init_from)] if self.init_from else []
+        return [sys.executable, str(script_for(self.config.model, self.framework)), *self.flags,
+                "--out", str(self.folder), *init, *extra]
+
+    def expected(self) -> dict:
+        return {**json.loads(self.config.to_json()), "precision": self.precision,
+                "init_from": str(self.init_from) if self.init_from else None}
+
+
+def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
+    """The extra flags to train this side with, or None to use the finished run as it is."""
+    folder = plan.folder
+    if not folder.exists() or not any(folder.iterdir()):
+        return []
+    if overwrite:
+        return ["--overwrite"]
+    if not reuse:
+        raise UsageError(f"{folder} already holds a run: --reuse to use it (if its settings match) "
+                         "or --overwrite to train it again")
+    try:
+        saved = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"{folder} has no readable config.json: --overwrite to train it again") from None
+    expected = plan.expected()
+    differing = [k for k in MATCHING if saved.get(k) != expected.get(k)]
+    if differing:
+        changes = ", ".join(f"{k}: {saved.get(k)!r} here, {expected.get(k)!r} asked" for k in differing)
+        raise UsageError(f"cannot reuse {folder}: other settings ({changes}); --overwrite to train "
+                         "it again, or --runs for another folder")
+    summary_path = folder / "summary.json"
+    done = json.loads(summary_path.read_text())["step"] if summary_path.exists() else 0
+    if done == plan.config.iters:
+        return None
+    if done > plan.config.iters:
+        raise UsageError(f"cannot reuse {folder}: it trained {done} iterations, --iters asks for "
+                         f"{plan.config.iters}; --overwrite to train it again")
+    return ["--resume"]
+
+
+def train(plan: Plan, extra: list[str]) -> None:
+    command = plan.command(extra)
+    print(f"compare: {plan.label}: {' '.join(command[1:])}", flush=True)
+    status = subprocess.run(command, cwd=REPO).returncode
+    if status == 130:
+        sys.exit(130)  # Ctrl-C: the run saved a checkpoint; --reuse continues it
+    if status != 0:
+        raise UserError(f"the {plan.label} run failed (exit {status}); its output is above")
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Any other flag (--iters, --batch-size, --lr, --seed, --dataset, --data-dir, "
+               "--amp-dtype, --sample-every, ...) goes to both runs unchanged.")
+    parser.add_argument("--model", required=True, choices=(*MODELS, *ALIASES))
+    parser.add_argument("--fp32-vs-amp", choices=FRAMEWORKS, metavar="FRAMEWORK",
+                        help="compare float32 with AMP in this framework instead of the frameworks")
+    parser.add_argument("--amp", action="store_true", help="both frameworks under AMP")
+    parser.add_argument("--same-init", action="store_true",
+                        help="TensorFlow starts from PyTorch's initial weights")
+    parser.add_argument("--reuse", action="store_true",
+                        help="use runs that already exist with the same settings")
+    parser.add_argument("--overwrite", action="store_true", help="train existing runs again")
+    parser.add_argument("--runs", default="runs", help="root of the run folders")
+    parser.add_argument("--report", help="report folder (default <runs>/<model>/compare-...)")
+    args, flags = parser.parse_known_args(argv)
+    for flag in flags:
+        if flag.split("=")[0] in OWN_FLAGS:
+            raise UsageError(f"{flag.split('=')[0]} is set by compare.py itself; use --runs, "
+                             "--reuse or --overwrite")
+    if args.reuse and args.overwrite:
+        raise UsageError("--reuse and --overwrite contradict each other: pick one")
+    if args.fp32_vs_amp and (args.amp or args.same_init):
+        raise UsageError("--fp32-vs-amp compares precisions in one framework: drop --amp/--same-init")
+    args.model = ALIASES.get(args.model, args.model)
+    return args, flags
+
+
+@exit_on_user_error
+def main(argv=None) -> int:
+    args, flags = parse(argv)
+    runs = Path(args.runs)
+    device = parse_args(args.model, "pytorch", {}, flags).device  # validated again per side
+    if args.fp32_vs_amp:
+        plans = [Plan(args.model, args.fp32_vs_amp, amp, flags, runs, device) for amp in (False, True)]
+        name = f"compare-fp32-vs-{plans[1].precision}-{args.fp32_vs_amp}"
+        title = f"{args.model}: float32 vs {plans[1].precision} in {args.fp32_vs_amp}"
+    else:
+        plans = [Plan(args.model, framework, args.amp, flags, runs, device) for framework in FRAMEWORKS]
+        if args.same_init:
+            plans[1].init_from = plans[0].folder
+            plans[1].folder = plans[1].folder.with_name(plans[1].folder.name + "-init-pytorch")
+            plans[1].label += " (PyTorch's init)"
+        name = f"compare-pytorch-vs-tensorflow-{plans[0].precision}" + ("-same-init" if args.same_init else "")
+        title = f"{args.model}: PyTorch vs TensorFlow, {plans[0].precision}" + (
+            ", same initial weights" if args.same_init else "")
+
+    decisions = [decide(plan, args.reuse, args.overwrite) for plan in plans]  # all checks first
+    for plan, extra in zip(plans, decisions):
+        if extra is None:
+            print(f"compare: {plan.label}: reusing {plan.folder}", flush=True)
+        else:
+            train(plan, extra)
+
+    sides = [report.load_side(plan.folder, plan.label) for plan in plans]
+    folder = Path(args.report) if args.report else runs / args.model / name
+    command = "python scripts/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    written = report.write_report(sides, folder, title, command)
+    print(report.markdown_table(written["rows"]))
+    print(f"compare: report in {folder} (report.md, samples.png, losses.png, table.md, table.json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""--init-from across the frameworks, the weights file both read, and scripts/compare.py's
+report after tiny two-framework runs."""
+import json
+
+import numpy as np
+import pytest
+
+from common import porting, report
+from GAN.dcgan import dcgan_tensorflow
+from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+from scripts import compare
+
+SCRIPTS = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}
+TINY = ["--batch-size", "32", "--data-limit", "256", "--log-every", "2", "--sample-every", "3"]
+
+
+def train(framework, out, *extra):
+    return SCRIPTS[framework].main(["--out", str(out), *TINY, "--iters", "3", *extra])
+
+
+def weights(run):
+    networks, meta = porting.load_weights(run / porting.INITIAL_WEIGHTS)
+    return networks, meta
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert [kind for kind, _ in a[name]] == [kind for kind, _ in b[name]]
+        for (_, x), (_, y) in zip(a[name], b[name]):
+            assert len(x) == len(y)
+            for u, v in zip(x, y):
+                np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("source, target", [("pytorch", "tensorflow"), ("tensorflow", "pytorch")])
+def test_a_run_starts_from_the_other_frameworks_initial_weights(source, target, tmp_path):
+    train(source, tmp_path / "source")
+    train(target, tmp_path / "own")  # same seed, its own framework's initialisation
+    train(target, tmp_path / "ported", "--init-from", str(tmp_path / "source"))
+
+    source_weights, meta = weights(tmp_path / "source")
+    assert meta["framework"] == source and meta["sample_shape"] == [28, 28, 1]
+    assert set(source_weights) == {"generator", "discriminator"}
+    ported, _ = weights(tmp_path / "ported")
+    assert_same_weights(source_weights, ported)  # exact: float32 values are copied
+    own, _ = weights(tmp_path / "own")
+    assert not np.array_equal(own["generator"][0][1][0], source_weights["generator"][0][1][0])
+
+    # Same function at step 0: the two step-0 grids (same fixed noise) are pixel for pixel equal.
+    grid = lambda run: report.read_grid(report.load_side(run), 0)
+    np.testing.assert_array_equal(grid(tmp_path / "source"), grid(tmp_path / "ported"))
+    assert np.abs(grid(tmp_path / "source") - grid(tmp_path / "own")).mean() > 0.01
+
+
+def test_init_from_refuses_what_does_not_fit(tmp_path, capsys):
+    train("pytorch", tmp_path / "gan")
+
+    def refused(message, *flags):
+        with pytest.raises(SystemExit) as exit_info:
+            train("tensorflow", tmp_path / "new", "--overwrite", *flags)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 1 and message in err and "\n" not in err, err
+
+    refused("no weights file", "--init-from", str(tmp_path / "missing"))
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    refused("not a readable weights file", "--init-from", str(tmp_path / "junk.npz"))
+    refused("data shaped (28, 28, 1), this run's data is (2,)",
+            "--init-from", str(tmp_path / "gan"), "--dataset", "ring8")
+    with pytest.raises(SystemExit) as exit_info:  # DCGAN's networks are not the MLPs'
+        dcgan_tensorflow.main(["--out", str(tmp_path / "dcgan"), *TINY, "--iters", "1",
+                               "--init-from", str(tmp_path / "gan")])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and "does not fit this model's" in err, err
+
+
+def test_weights_file_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    networks = {"encoder": [("Dense", [rng.normal(size=(4, 3)).astype(np.float32),
+                                       rng.normal(size=3).astype(np.float32)])] * 12,
+                "decoder": [("BatchNormalization", [np.arange(5, dtype=np.float32)] * 4)]}
+    porting.save_weights(tmp_path / "w.npz", networks, {"model": "x", "sample_shape": [2]})
+    loaded, meta = porting.load_weights(tmp_path / "w.npz")
+    assert meta == {"model": "x", "sample_shape": [2]}
+    assert_same_weights(networks, loaded)  # 12 layers: the order survives past index 9
+
+
+def fake_side(tmp_path, name, steps, history):
+    run = tmp_path / name
+    (run / "samples").mkdir(parents=True)
+    for step in steps:
+        (run / "samples" / f"step_{step:06d}.png").write_bytes(b"")
+    (run / "samples" / "step_000001_recon.png").write_bytes(b"")
+    (run / "config.json").write_text(json.dumps({"framework": "pytorch", "precision": "fp32"}))
+    (run / "summary.json").write_text(json.dumps({"step": max(steps)}))
+    (run / "history.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
+    return report.load_side(run)
+
+
+def test_report_matches_steps_and_adds_a_loss_scale_panel_only_when_scaled(tmp_path):
+    a = fake_side(tmp_path, "a", range(0, 11), [{"step": 2, "loss": 1.0, "loss_scale": 1.0}])
+    b = fake_side(tmp_path, "b", range(0, 11, 2), [{"step": 2, "loss": 1.0, "loss_scale": 65536.0}])
+    assert a.sample_steps() == list(range(11))  # the _recon grid is not a sample step
+    assert report.matching_steps([a, b], most=4) == [0, 4, 6, 10]
+    assert report.matching_steps([a, b], most=10) == [0, 2, 4, 6, 8, 10]
+    assert report.loss_panels([a, a]) == ["loss"]
+    assert report.loss_panels([a, b]) == ["loss", "loss_scale"]
+    with pytest.raises(report.UserError, match="not a finished run"):
+        report.load_side(tmp_path / "nowhere")
+
+
+def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    flags = ["--model", "vanilla_gan", "--runs", str(runs), *TINY, "--iters", "6"]
+    assert compare.main([*flags, "--same-init"]) == 0
+
+    folder = runs / "vanilla_gan" / "compare-pytorch-vs-tensorflow-fp32-same-init"
+    assert {p.name for p in folder.iterdir()} == {
+        "samples.png", "losses.png", "table.md", "table.json", "report.md"}
+    table = json.loads((folder / "table.json").read_text())
+    assert [(r["framework"], r["precision"], r["steps"]) for r in table["rows"]] == [
+        ("pytorch", "fp32", 6), ("tensorflow", "fp32", 6)]
+    assert all(r["median_step_ms"] > 0 and r["peak_memory_mb"] > 0 for r in table["rows"])
+    assert table["sample_steps"] == [0, 3, 6]
+    drift = table["sample_drift"]
+    assert drift["0"] == 0.0 and drift["6"] > 0  # same start, then the two trainings part
+    tensorflow_config = json.loads((runs / "vanilla_gan" / "tensorflow-fp32-init-pytorch"
+                                    / "config.json").read_text())
+    assert tensorflow_config["init_from"] == str(runs / "vanilla_gan" / "pytorch-fp32")
+    markdown = (folder / "table.md").read_text()
+    assert markdown.count("\n") == 4 and "| pytorch fp32 | cpu | 6 |" in markdown
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # existing runs are never retrained silently
+        compare.main([*flags, "--same-init"])
+    assert exit_info.value.code == 2 and "--reuse" in capsys.readouterr().err
+
+    summary = runs / "vanilla_gan" / "pytorch-fp32" / "summary.json"
+    before = summary.stat().st_mtime_ns
+    assert compare.main([*flags, "--fp32-vs-amp", "pytorch", "--reuse"]) == 0
+    assert summary.stat().st_mtime_ns == before  # float32 reused, only AMP trained
+    table = json.loads((runs / "vanilla_gan" / "compare-fp32-vs-amp-bf16-pytorch"
+                        / "table.json").read_text())
+    assert [r["precision"] for r in table["rows"]] == ["fp32", "amp-bf16"]
+
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([*flags, "--same-init", "--reuse", "--lr", "1e-4"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "lr: 0.001 here, 0.0001 asked" in err
