@@ -17,6 +17,21 @@ from common.errors import UsageError
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
 POINT_DATASETS = ("ring8", "grid25")
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
+REPO = Path(__file__).resolve().parents[1]
+# Every model: its folder, its scripts' stem (<stem>_pytorch.py, <stem>_tensorflow.py) and the
+# hparams module both read. scripts/compare.py and scripts/evaluate.py find the scripts here.
+MODELS = {
+    "vanilla_gan": ("GAN/vanilla_gan", "gan", "GAN.vanilla_gan.hparams"),
+    "lsgan": ("GAN/least_squares_gan", "lsgan", "GAN.least_squares_gan.hparams"),
+    "dcgan": ("GAN/dcgan", "dcgan", "GAN.dcgan.hparams"),
+    "vanilla_vae": ("VAE/vanilla_vae", "vae", "VAE.vanilla_vae.hparams"),
+}
+FRAMEWORKS = ("pytorch", "tensorflow")
+
+
+def script_path(model: str, framework: str) -> Path:
+    folder, stem, _ = MODELS[model]
+    return REPO / folder / f"{stem}_{framework}.py"
 
 # Dynamic loss scaling (float16 only), the same in both frameworks: start at 2**16, halve on
 # an inf/NaN gradient (and skip that step), double after 2000 clean steps. These are
@@ -52,6 +67,8 @@ class RunConfig:
     checkpoint_every: int = 1000
     profile: bool = False
     init_from: str | None = None
+    evaluate: int = 0
+    iwae_k: int = 100
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -165,6 +182,11 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                         help="read losses from the device every N iterations")
     output.add_argument("--checkpoint-every", type=_non_negative_int,
                         help="checkpoint every N iterations (0: only at the end)")
+    output.add_argument("--evaluate", type=_non_negative_int, metavar="N",
+                        help="after training, measure quality on N generated samples (FID, "
+                             "precision/recall, modes; VAE: test ELBO/IWAE) into summary.json")
+    output.add_argument("--iwae-k", type=_positive_int,
+                        help="importance samples per test image for the VAE's IWAE bound")
     output.add_argument("--profile", action="store_true",
                         help="profile a short window of steps and write a trace to the run folder")
 

@@ -8,6 +8,7 @@ A framework backend hands in a `session` with these methods (see torch_backend/t
     loss_scale() -> float; synchronize()
     write_samples(run, step); save_checkpoint(path, meta); restore(path) -> meta
     peak_memory_mb() -> float; profile_start(dir); profile_stop(dir)
+    evaluate(cfg) -> dict                           quality metrics (--evaluate N), at the end
 """
 from __future__ import annotations
 
@@ -147,6 +148,11 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
         "final": {k: v for k, v in last_row.items() if k not in ("step", "step_ms")},
         "stopped_early": stopped_early,
     }
+    if step == start_step and (run.path / "summary.json").exists():
+        # Nothing trained in this process (say, evaluating a finished run): keep its figures.
+        summary = {**run.read_summary(), "stopped_early": False}
+    if cfg.evaluate and not stopped_early:
+        summary["metrics"] = session.evaluate(cfg)
     run.write_summary(summary)
     if stopped_early:
         log(f"stopped at step {step}, checkpoint saved; continue with the same command "

@@ -128,6 +128,9 @@ class RunFolder:
         atomic_write(self.path / "summary.json",
                      lambda f: f.write(json.dumps(summary, indent=2, sort_keys=True).encode()))
 
+    def read_summary(self) -> dict:
+        return json.loads((self.path / "summary.json").read_text())
+
     def sample_path(self, step: int, tag: str = "") -> Path:
         return self.samples / f"step_{step:06d}{tag}.png"
 

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import data as datasets
-from common import loop, porting
+from common import evaluation, loop, porting
 from common.config import (
     LOSS_SCALE_GROWTH_INTERVAL,
     LOSS_SCALE_INIT,
@@ -157,6 +157,9 @@ class Session:
 
     def write_samples(self, run: RunFolder, step: int):
         self.trainer.write_samples(run, step)
+
+    def evaluate(self, cfg: RunConfig) -> dict:
+        return evaluation.evaluate(cfg, self.trainer)
 
     # --- checkpoints: one .npz of every variable, in the order the models create them ---
     def _variables(self) -> dict[str, list]:

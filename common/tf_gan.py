@@ -64,6 +64,12 @@ class GAN(keras.Model):
             metrics["skipped"] = tf.maximum(d_skipped, g_skipped)
         return metrics
 
+    def sample(self, z):
+        """Generated samples for evaluation (inference mode, the run's policy): NHWC images in
+        [0, 1], or 2-D points."""
+        fake = tf.cast(self.generator(z, training=False), tf.float32).numpy()
+        return (fake + 1.0) / 2.0 if self.data.kind == "image" else fake
+
     def write_samples(self, run, step: int):
         """Generate from the run's fixed noise (inference mode, under the run's policy)."""
         count = GRID_IMAGES if self.data.kind == "image" else SCATTER_POINTS

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from common import data as datasets
-from common import loop, porting
+from common import evaluation, loop, porting
 from common.config import (
     LOSS_SCALE_GROWTH_INTERVAL,
     LOSS_SCALE_INIT,
@@ -200,6 +200,15 @@ class Session:
             self.trainer.write_samples(run, step)
         for module in self.trainer.modules.values():
             module.train()
+
+    def evaluate(self, cfg: RunConfig) -> dict:
+        for module in self.trainer.modules.values():
+            module.eval()
+        with torch.no_grad():
+            results = evaluation.evaluate(cfg, self.trainer)
+        for module in self.trainer.modules.values():
+            module.train()
+        return results
 
     # --- checkpoints -------------------------------------------------------------------
     def save_checkpoint(self, path: Path, meta: dict):

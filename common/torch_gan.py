@@ -11,6 +11,7 @@ One iteration, with AMP:
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -61,6 +62,15 @@ class GAN:
         if skipped is not None:
             metrics["skipped"] = skipped
         return metrics
+
+    def sample(self, z: np.ndarray) -> np.ndarray:
+        """Generated samples for evaluation (eval mode, the run's precision): NHWC images in
+        [0, 1], or 2-D points."""
+        with self.runtime.autocast():
+            fake = self.generator(torch.from_numpy(z).to(self.runtime.device)).float()
+        if self.data.kind == "image":
+            return (to_numpy_images(fake) + 1.0) / 2.0
+        return fake.cpu().numpy()
 
     def write_samples(self, run, step: int):
         """Generate from the run's fixed noise (in eval mode, under the run's precision)."""

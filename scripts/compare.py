@@ -29,26 +29,12 @@ import sys
 from pathlib import Path
 
 from common import report
-from common.config import RESUME_KEYS, parse_args, resolve_precision
+from common.config import FRAMEWORKS, MODELS, REPO, RESUME_KEYS, parse_args, resolve_precision, script_path
 from common.errors import UsageError, UserError, exit_on_user_error
 
-REPO = Path(__file__).resolve().parents[1]
-FRAMEWORKS = ("pytorch", "tensorflow")
-# model -> (folder, script stem, hparams module); `vae` is accepted for vanilla_vae
-MODELS = {
-    "vanilla_gan": ("GAN/vanilla_gan", "gan", "GAN.vanilla_gan.hparams"),
-    "lsgan": ("GAN/least_squares_gan", "lsgan", "GAN.least_squares_gan.hparams"),
-    "dcgan": ("GAN/dcgan", "dcgan", "GAN.dcgan.hparams"),
-    "vanilla_vae": ("VAE/vanilla_vae", "vae", "VAE.vanilla_vae.hparams"),
-}
 ALIASES = {"gan": "vanilla_gan", "vae": "vanilla_vae"}
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype")
-
-
-def script_for(model: str, framework: str) -> Path:
-    folder, stem, _ = MODELS[model]
-    return REPO / folder / f"{stem}_{framework}.py"
 
 
 def device_type(device: str) -> str:
@@ -76,7 +62,7 @@ class Plan:
 
     def command(self, extra: list[str]) -> list[str]:
         init = ["--init-from", str(self.init_from)] if self.init_from else []
-        return [sys.executable, str(script_for(self.config.model, self.framework)), *self.flags,
+        return [sys.executable, str(script_path(self.config.model, self.framework)), *self.flags,
                 "--out", str(self.folder), *init, *extra]
 
     def expected(self) -> dict:

@@ -15,6 +15,7 @@ The TensorFlow twin is vae_tensorflow.py; the hyperparameters of both are in hpa
 """
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -87,6 +88,7 @@ class VAE:
         self.encoder = runtime.place(encoder)
         self.decoder = runtime.place(decoder)
         self.cfg, self.runtime = cfg, runtime
+        self.z_dim = hparams.LATENT
         self.optimizer = backend.make_optimizer(
             cfg, [*self.encoder.parameters(), *self.decoder.parameters()])
         self.modules = {"encoder": self.encoder, "decoder": self.decoder}
@@ -109,6 +111,24 @@ class VAE:
         if skipped is not None:
             metrics["skipped"] = skipped
         return metrics
+
+    # --- evaluation (common/evaluation.py): numpy in, numpy out, NHWC images in [0, 1] ---
+    def sample(self, z):
+        with self.runtime.autocast():
+            logits = self.decoder(torch.from_numpy(z).to(self.runtime.device))
+        return backend.to_numpy_images(torch.sigmoid(logits.float()))
+
+    def encode(self, x):
+        images = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(self.runtime.device)
+        with self.runtime.autocast():
+            mean, logvar = self.encoder(images)
+        return mean.float().cpu().numpy(), logvar.float().cpu().numpy()
+
+    def decode_logits(self, z):
+        """Flattened in (H, W, C) order, as the images they score."""
+        with self.runtime.autocast():
+            logits = self.decoder(torch.from_numpy(z).to(self.runtime.device))
+        return backend.to_numpy_images(logits.float()).reshape(len(z), -1)
 
     def write_samples(self, run, step: int):
         """Decode the run's fixed prior noise, and reconstruct fixed test images from their

@@ -79,6 +79,7 @@ class VAE:
                  runtime: backend.Runtime):
         self.encoder, self.decoder = encoder, decoder
         self.cfg, self.runtime = cfg, runtime
+        self.z_dim = hparams.LATENT
         self.variables = encoder.trainable_variables + decoder.trainable_variables
         self.optimizer = backend.make_optimizer(cfg, runtime)
         self.optimizer.build(self.variables)  # checkpoints need the slots now
@@ -102,6 +103,18 @@ class VAE:
         if self.runtime.loss_scaling:
             metrics["skipped"] = skipped
         return metrics
+
+    # --- evaluation (common/evaluation.py): numpy in, numpy out, NHWC images in [0, 1] ---
+    def sample(self, z):
+        return tf.sigmoid(tf.cast(self.decoder(z, training=False), tf.float32)).numpy()
+
+    def encode(self, x):
+        mean, logvar = self.encoder(x, training=False)
+        return tf.cast(mean, tf.float32).numpy(), tf.cast(logvar, tf.float32).numpy()
+
+    def decode_logits(self, z):
+        logits = tf.cast(self.decoder(z, training=False), tf.float32).numpy()
+        return logits.reshape(len(z), -1)
 
     def write_samples(self, run, step: int):
         """Decode the run's fixed prior noise, and reconstruct fixed test images from their

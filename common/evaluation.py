@@ -1,0 +1,127 @@
+"""Quality of a trained model, computed the same way for both frameworks: the framework only
+maps numpy in to numpy out (a trainer's `sample(z)`, and for the VAE `encode(x)` and
+`decode_logits(z)`); the noise, the features and every metric are numpy (common/metrics.py)
+plus the MNIST feature net (common/feature_net.py, PyTorch, CPU).
+
+    images of 28x28 MNIST   FID, precision and recall (k=3) against MNIST test, in the
+                            feature net's features; classes covered and KL to uniform of the
+                            classifier's labels for the samples
+    2-D mixtures            high-quality fraction and modes covered (VEEGAN/PacGAN protocol)
+    VAE                     test ELBO and importance-weighted bound (IWAE, k samples), in nats
+                            per image on the [0, 1] pixels the VAE trains on (not binarised)
+
+The real-data floor (`real_data_floor`) measures MNIST train against MNIST test the same way,
+so every number has its reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from common import data as datasets
+from common import metrics
+from common.config import POINT_DATASETS
+
+EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
+CHUNK = 1000      # examples per framework call
+FID_IMAGE_SHAPE = (28, 28, 1)
+
+
+def evaluation_noise(count: int, dim: int, seed: int) -> np.ndarray:
+    """N(0, I) noise drawn from --seed alone: both frameworks evaluate the same z."""
+    return np.random.default_rng([seed, EVAL_STREAM]).standard_normal((count, dim)).astype(np.float32)
+
+
+def in_chunks(function, array: np.ndarray) -> np.ndarray:
+    return np.concatenate([function(array[i:i + CHUNK]) for i in range(0, len(array), CHUNK)])
+
+
+def measures_images(cfg) -> bool:
+    """The feature net knows 28x28 MNIST digits only."""
+    return cfg.dataset == "mnist" and cfg.image_size in (None, 28)
+
+
+def mnist_subset(split: str, count: int) -> np.ndarray:
+    """`count` MNIST images drawn at random (fixed seed), not the first ones: the test set is
+    ordered by writer population (its first half is the cleaner one), so its first 1,000
+    images alone sit 35 FID away from the training set, all 10,000 only 2.4."""
+    images = datasets.load_dataset("mnist", split=split).x
+    if count >= len(images):
+        return images
+    chosen = np.random.default_rng([EVAL_STREAM, 2]).choice(len(images), count, replace=False)
+    return images[np.sort(chosen)]
+
+
+def image_metrics(samples: np.ndarray, reference: np.ndarray | None = None) -> dict:
+    """FID, precision/recall and class coverage of NHWC samples in [0, 1] against `reference`
+    (default: as many MNIST test images as samples, at most all 10,000)."""
+    from common import feature_net  # PyTorch: imported only when images are measured
+
+    if reference is None:
+        reference = mnist_subset("test", len(samples))
+    fake_features, fake_logits = feature_net.features_and_logits(samples)
+    real_features, _ = feature_net.features_and_logits(reference)
+    quality = metrics.precision_recall(real_features, fake_features, k=3)
+    coverage = metrics.class_coverage(fake_logits)
+    return {"fid": metrics.fid(real_features, fake_features),
+            "precision": quality["precision"], "recall": quality["recall"],
+            "classes_covered": coverage["classes_covered"], "class_kl": coverage["kl_to_uniform"]}
+
+
+def point_metrics(samples: np.ndarray, dataset: str) -> dict:
+    quality = metrics.mixture_quality_for(dataset, samples)
+    return {"modes_covered": quality["modes_covered"],
+            "high_quality": quality["high_quality_fraction"]}
+
+
+def vae_bounds(encode, decode_logits, images: np.ndarray, k: int, seed: int) -> dict:
+    """Mean test ELBO and IWAE bound (nats per image; higher is better), both estimated from
+    the same k posterior samples per image."""
+    rng = np.random.default_rng([seed, EVAL_STREAM, 1])
+    flat = images.reshape(len(images), -1).astype(np.float64)
+    per_call = max(1, CHUNK * 10 // k)  # images per decoder call: about 10,000 decodes
+    elbos, iwaes = [], []
+    for start in range(0, len(images), per_call):
+        x = images[start:start + per_call]
+        mean, logvar = (np.asarray(a, np.float64) for a in encode(x))
+        eps = rng.standard_normal((k, *mean.shape))
+        z = mean + np.exp(0.5 * logvar) * eps
+        logits = in_chunks(decode_logits, z.reshape(-1, mean.shape[1]).astype(np.float32))
+        logits = logits.reshape(k, len(x), -1).astype(np.float64)
+        log_px = metrics.log_bernoulli_logits(flat[start:start + len(x)], logits)
+        log_pz = metrics.log_standard_normal(z)
+        log_qz = metrics.log_normal_diag(z, mean, logvar)
+        elbos.append(metrics.elbo(log_px, log_pz, log_qz))
+        iwaes.append(metrics.iwae_bound(log_px, log_pz, log_qz))
+    return {"test_elbo": float(np.concatenate(elbos).mean()),
+            f"test_iwae_k{k}": float(np.concatenate(iwaes).mean())}
+
+
+def evaluate(cfg, trainer, log=print) -> dict:
+    """Every metric that applies to this run; `trainer.sample(z)` returns NHWC images in
+    [0, 1] or 2-D points for z of `trainer.z_dim` dimensions."""
+    count = cfg.evaluate
+    samples = in_chunks(trainer.sample, evaluation_noise(count, trainer.z_dim, cfg.seed))
+    if not np.isfinite(samples).all():
+        log("evaluation: the samples hold inf/NaN; no metrics")
+        return {"samples": count, "finite_samples": 0.0}
+    results = {"samples": count}
+    if cfg.dataset in POINT_DATASETS:
+        results.update(point_metrics(samples, cfg.dataset))
+    elif measures_images(cfg):
+        results.update(image_metrics(samples))
+    else:
+        log(f"evaluation: no sample metric for --dataset {cfg.dataset} at this size "
+            "(the feature net knows 28x28 MNIST)")
+    if hasattr(trainer, "decode_logits"):
+        test = datasets.fixed_test_images(cfg, min(count, 10_000))
+        results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items() if k != "samples")
+    log(f"evaluation ({count} samples): {shown}")
+    return results
+
+
+def real_data_floor(count: int = 10_000) -> dict:
+    """`count` MNIST training images against as many test images: the best a generator can
+    hope for at that sample count (FID shrinks as the count grows)."""
+    return image_metrics(mnist_subset("train", count), reference=mnist_subset("test", count))
+

@@ -1,0 +1,137 @@
+"""Train every model in both frameworks in float32 and under AMP at its default budget, measure
+each run's quality, and print one table: is AMP's quality as good as float32's?
+
+    python scripts/quality_table.py                                   # everything (hours on a CPU)
+    python scripts/quality_table.py --models dcgan vanilla_vae        # some models
+    python scripts/quality_table.py --models dcgan --iters 200 --samples 1000   # a quick look
+
+Runs go to <runs>/<model>/<dataset>/<framework>-<precision> (default --runs runs/quality), one
+fresh process each, trained with the model's own defaults and `--evaluate N`. Run it again
+and finished runs are reused, stopped ones continued (--resume), finished ones without metrics
+measured (scripts/evaluate.py); --overwrite trains everything again. The GANs with MLPs also
+train on the 2-D mixtures (ring8, grid25), where mode coverage is the metric. The first row
+is the real-data floor (MNIST train vs test). The table is printed and written to
+<runs>/quality_table.md and .json; the "FID vs fp32" column is AMP's FID over float32's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from common.config import FRAMEWORKS, MODELS, REPO, script_path
+from common.errors import UsageError, UserError, exit_on_user_error
+from common.runs import atomic_write
+from scripts import evaluate as evaluate_script
+
+DATASETS = {"vanilla_gan": ("mnist", "ring8", "grid25"), "lsgan": ("mnist", "ring8", "grid25"),
+            "dcgan": ("mnist",), "vanilla_vae": ("mnist",)}
+COLUMNS = (("fid", "FID", 2), ("precision", "precision", 3), ("recall", "recall", 3),
+           ("classes_covered", "classes", 0), ("modes_covered", "modes", 0),
+           ("high_quality", "high quality", 3), ("test_elbo", "test ELBO", 1))
+
+
+def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool) -> Path:
+    # The folder names the precision AMP gets on this machine's CPU; config.json says which ran.
+    return runs / model / dataset / f"{framework}-{'amp' if amp else 'fp32'}"
+
+
+def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args) -> dict:
+    """Train and/or evaluate one run as needed; return its summary."""
+    summary_path = folder / "summary.json"
+    extra = []
+    if folder.exists() and any(folder.iterdir()):
+        if args.overwrite:
+            extra = ["--overwrite"]
+        else:
+            config = json.loads((folder / "config.json").read_text())
+            wanted_iters = args.iters or config["iters"]
+            if config["iters"] != wanted_iters or config["dataset"] != dataset:
+                raise UsageError(f"{folder} holds a run of other settings (iters {config['iters']}); "
+                                 "--overwrite to train it again, or --runs for another folder")
+            done = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+            if done.get("step") == config["iters"]:
+                if done.get("metrics", {}).get("samples") != args.samples:
+                    evaluate_script.evaluate_run(folder, args.samples, args.iwae_k)
+                return json.loads(summary_path.read_text())
+            extra = ["--resume"]
+    command = [sys.executable, str(script_path(model, framework)), "--out", str(folder),
+               "--dataset", dataset, "--evaluate", str(args.samples), *extra,
+               *(["--amp"] if amp else []), *(["--iters", str(args.iters)] if args.iters else []),
+               *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
+    print(f"quality_table: {' '.join(command[1:])}", flush=True)
+    status = subprocess.run(command, cwd=REPO).returncode
+    if status != 0:
+        raise UserError(f"the run in {folder} failed (exit {status}); its output is above")
+    return json.loads(summary_path.read_text())
+
+
+def cell(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    iwae = sorted({k for row in rows for k in row["metrics"] if k.startswith("test_iwae")})
+    header = ["model", "data", "framework", "precision", *(title for _, title, _ in COLUMNS),
+              *(k.replace("test_iwae_", "IWAE ") for k in iwae), "FID vs fp32"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        metrics = row["metrics"]
+        cells = [row["model"], row["dataset"], row["framework"], row["precision"],
+                 *(cell(metrics.get(key), digits) for key, _, digits in COLUMNS),
+                 *(cell(metrics.get(key), 1) for key in iwae), cell(row.get("fid_ratio"), 2)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@exit_on_user_error
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
+    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    parser.add_argument("--datasets", nargs="+", choices=("mnist", "ring8", "grid25"),
+                        default=["mnist", "ring8", "grid25"], help="those each model takes")
+    parser.add_argument("--iters", type=int, help="override every model's default budget")
+    parser.add_argument("--samples", type=int, default=10_000, help="generated samples per run")
+    parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
+    parser.add_argument("--runs", type=Path, default=Path("runs/quality"))
+    parser.add_argument("--overwrite", action="store_true", help="train every run again")
+    args = parser.parse_args(argv)
+    if args.samples < 10 or (args.iters is not None and args.iters < 1):
+        raise UsageError("--samples must be at least 10 and --iters at least 1")
+
+    from common import evaluation
+
+    floor = evaluation.real_data_floor(min(args.samples, 10_000))
+    rows = [{"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
+             "precision": "-", "metrics": floor}]
+    for model in args.models:
+        for dataset in (d for d in DATASETS[model] if d in args.datasets):
+            for framework in args.frameworks:
+                fp32_fid = None
+                for amp in (False, True):
+                    folder = run_folder(args.runs, model, dataset, framework, amp)
+                    summary = ensure(folder, model, dataset, framework, amp, args)
+                    config = json.loads((folder / "config.json").read_text())
+                    metrics = summary.get("metrics", {})
+                    row = {"model": model, "dataset": dataset, "framework": framework,
+                           "precision": config["precision"], "folder": str(folder),
+                           "steps": summary["step"], "metrics": metrics}
+                    if amp and fp32_fid and metrics.get("fid") is not None:
+                        row["fid_ratio"] = metrics["fid"] / fp32_fid
+                    fp32_fid = metrics.get("fid") if not amp else fp32_fid
+                    rows.append(row)
+    table = markdown(rows)
+    args.runs.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.runs / "quality_table.md", lambda f: f.write((table + "\n").encode()))
+    atomic_write(args.runs / "quality_table.json",
+                 lambda f: f.write(json.dumps({"argv": argv if argv is not None else sys.argv[1:],
+                                               "rows": rows}, indent=2).encode()))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Quality evaluation end to end: the glue from a trainer's samples to the metrics (on cases
+with known answers), --evaluate at the end of training, and scripts/evaluate.py on finished
+runs of both frameworks."""
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from common import data as datasets
+from common import evaluation
+from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+from scripts import evaluate as evaluate_script
+from VAE.vanilla_vae import vae_tensorflow
+
+TINY = ["--batch-size", "32", "--data-limit", "256", "--log-every", "2", "--iters", "4"]
+
+
+class ImagesAsSamples:
+    """A stand-in trainer whose 'generator' returns fixed images, whatever z is."""
+
+    z_dim = 3
+
+    def __init__(self, images_uint8):
+        self.images = images_uint8.astype(np.float32) / 255.0
+        self.calls = 0
+
+    def sample(self, z):
+        start = self.calls
+        self.calls += len(z)
+        return self.images[start:start + len(z)]
+
+
+def config(**overrides):
+    return SimpleNamespace(**{"dataset": "mnist", "image_size": None, "evaluate": 500, "seed": 0,
+                              "iwae_k": 4, **overrides})
+
+
+def test_real_test_images_score_like_themselves():
+    test = evaluation.mnist_subset("test", 500)  # the reference set the evaluation draws
+    results = evaluation.evaluate(config(), ImagesAsSamples(test), log=lambda *_: None)
+    assert results["fid"] < 1e-6
+    assert results["precision"] == 1.0 and results["recall"] == 1.0
+    assert results["classes_covered"] == 10 and results["class_kl"] < 0.05
+
+
+def test_one_repeated_digit_covers_one_class_and_scores_badly():
+    test = datasets.load_dataset("mnist", split="test", limit=500)
+    one_digit = np.repeat(test.x[:1], 500, axis=0)
+    results = evaluation.evaluate(config(), ImagesAsSamples(one_digit), log=lambda *_: None)
+    assert results["classes_covered"] == 1
+    assert results["class_kl"] == pytest.approx(math.log(10))
+    assert results["recall"] < 0.05 and results["fid"] > 100
+
+
+def test_vae_bounds_equal_the_closed_form_when_the_posterior_is_the_prior():
+    # q(z|x) = N(0, I) = p(z), and logits 0 make log p(x|z) = -D log 2 for any x in [0, 1]:
+    # every importance weight is -D log 2, so the ELBO and the IWAE bound are exactly that.
+    images = np.random.default_rng(0).uniform(0, 1, (7, 28, 28, 1)).astype(np.float32)
+    encode = lambda x: (np.zeros((len(x), 5)), np.zeros((len(x), 5)))
+    decode_logits = lambda z: np.zeros((len(z), 784), np.float32)
+    bounds = evaluation.vae_bounds(encode, decode_logits, images, k=300, seed=0)
+    assert bounds["test_elbo"] == pytest.approx(-784 * math.log(2))
+    assert bounds["test_iwae_k300"] == pytest.approx(-784 * math.log(2))
+
+
+@pytest.mark.parametrize("script", [gan_pytorch, gan_tensorflow], ids=["pytorch", "tensorflow"])
+def test_evaluate_flag_measures_at_the_end_of_training(script, tmp_path):
+    out = tmp_path / "run"
+    summary = script.main(["--out", str(out), *TINY, "--evaluate", "300"])
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["metrics"] == pytest.approx(summary["metrics"])
+    metrics = saved["metrics"]
+    assert set(metrics) == {"samples", "fid", "precision", "recall", "classes_covered", "class_kl"}
+    assert metrics["samples"] == 300
+    assert metrics["fid"] > 50  # four steps of training are far from digits
+    assert 0 <= metrics["precision"] <= 1 and 0 <= metrics["recall"] <= 1
+
+
+def test_mixture_runs_report_modes(tmp_path):
+    out = tmp_path / "ring"
+    gan_pytorch.main(["--out", str(out), *TINY, "--dataset", "ring8", "--evaluate", "2500"])
+    metrics = json.loads((out / "summary.json").read_text())["metrics"]
+    assert set(metrics) == {"samples", "modes_covered", "high_quality"}
+    assert 0 <= metrics["modes_covered"] <= 8 and 0 <= metrics["high_quality"] <= 1
+
+
+def test_evaluate_script_reopens_a_finished_run_and_keeps_its_figures(tmp_path, capsys):
+    out = tmp_path / "vae"
+    vae_tensorflow.main(["--out", str(out), *TINY, "--amp", "--data-limit", "512"])
+    before = json.loads((out / "summary.json").read_text())
+    assert "metrics" not in before
+
+    assert evaluate_script.main([str(out), "--samples", "200", "--iwae-k", "8"]) == 0
+    after = json.loads((out / "summary.json").read_text())
+    metrics = after.pop("metrics")
+    assert after == before  # timing and losses of the training run are kept
+    assert {"fid", "test_elbo", "test_iwae_k8"} <= set(metrics)
+    assert metrics["test_iwae_k8"] >= metrics["test_elbo"]  # the IWAE bound is the tighter one
+    assert -800 < metrics["test_elbo"] < 0  # nats per image, after four steps
+    assert json.loads((out / "config.json").read_text())["precision"] == "amp-bf16"
+    assert "test_iwae_k8" in capsys.readouterr().out
+
+
+def test_evaluate_script_errors_are_one_line(tmp_path, capsys):
+    for argv, code, message in [([], 2, "at least one run folder"),
+                                ([str(tmp_path)], 1, "not a finished run")]:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate_script.main(argv)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == code and message in err and "\n" not in err, err
+
+
+def test_real_data_floor_is_small():
+    floor = evaluation.real_data_floor(1000)
+    assert 0 < floor["fid"] < 10 and floor["precision"] > 0.7 and floor["classes_covered"] == 10
+
+
+def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
+    from scripts import quality_table
+
+    argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "mnist", "ring8",
+            "--iters", "4", "--samples", "100", "--runs", str(tmp_path)]
+    assert quality_table.main(argv) == 0
+    rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"]
+    assert [(r["dataset"], r["precision"]) for r in rows] == [
+        ("mnist", "-"), ("mnist", "fp32"), ("mnist", "amp-bf16"), ("ring8", "fp32"), ("ring8", "amp-bf16")]
+    assert rows[2]["fid_ratio"] == pytest.approx(rows[2]["metrics"]["fid"] / rows[1]["metrics"]["fid"])
+    assert "modes_covered" in rows[3]["metrics"] and rows[4]["metrics"]["samples"] == 100
+    table = (tmp_path / "quality_table.md").read_text()
+    assert table.count("\n") == 2 + len(rows) and "| vanilla_gan | ring8 | pytorch | amp-bf16 |" in table
+
+    summary = tmp_path / "vanilla_gan" / "mnist" / "pytorch-fp32" / "summary.json"
+    before = summary.stat().st_mtime_ns
+    capsys.readouterr()
+    assert quality_table.main(argv) == 0  # everything reused: nothing trained or measured again
+    assert summary.stat().st_mtime_ns == before and "quality_table: " not in capsys.readouterr().out
