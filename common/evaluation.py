@@ -15,11 +15,17 @@ so every number has its reference.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from common import data as datasets
 from common import metrics
-from common.config import POINT_DATASETS
+from common.config import MODELS, POINT_DATASETS, REPO, RESUME_KEYS, script_path
+from common.errors import UserError
 
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
 CHUNK = 1000      # examples per framework call
@@ -125,3 +131,39 @@ def real_data_floor(count: int = 10_000) -> dict:
     hope for at that sample count (FID shrinks as the count grows)."""
     return image_metrics(mnist_subset("train", count), reference=mnist_subset("test", count))
 
+
+# --- finished runs: scripts/evaluate.py and scripts/quality_table.py ---------------------
+FLAG_KEYS = [key for key in RESUME_KEYS if key not in ("model", "framework")] + ["amp_dtype", "device"]
+
+
+def rerun_flags(config: dict, step: int) -> list[str]:
+    """The flags that reopen this run exactly as it was trained."""
+    flags = ["--amp"] if config.get("amp") else []
+    for key in FLAG_KEYS:
+        value = config.get(key)
+        if value is None or (key == "amp_dtype" and not config.get("amp")):
+            continue
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return [*flags, "--iters", str(step)]
+
+
+def evaluate_run(folder: Path, samples: int, iwae_k: int | None) -> dict:
+    """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
+    left to train) and `--evaluate samples`; return the metrics it wrote to summary.json."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+    except FileNotFoundError as error:
+        raise UserError(f"{folder} is not a finished run (no {Path(error.filename).name})") from None
+    except ValueError as error:
+        raise UserError(f"{folder} has an unreadable config.json or summary.json ({error})") from None
+    if config.get("model") not in MODELS:
+        raise UserError(f"{folder}: unknown model {config.get('model')!r}")
+    command = [sys.executable, str(script_path(config["model"], config["framework"])),
+               *rerun_flags(config, summary["step"]), "--out", str(folder), "--resume",
+               "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else [])]
+    print(f"evaluate: {' '.join(command[1:])}", flush=True)
+    status = subprocess.run(command, cwd=REPO).returncode
+    if status != 0:
+        raise UserError(f"evaluating {folder} failed (exit {status}); its output is above")
+    return json.loads((folder / "summary.json").read_text()).get("metrics", {})

@@ -17,46 +17,11 @@ the real-data floor every generator's numbers are read against.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-from common.config import MODELS, REPO, RESUME_KEYS, script_path
-from common.errors import UsageError, UserError, exit_on_user_error
-
-FLAG_KEYS = [key for key in RESUME_KEYS if key not in ("model", "framework")] + ["amp_dtype", "device"]
-
-
-def rerun_flags(config: dict, step: int) -> list[str]:
-    """The flags that reopen this run exactly as it was trained."""
-    flags = ["--amp"] if config.get("amp") else []
-    for key in FLAG_KEYS:
-        value = config.get(key)
-        if value is None or (key == "amp_dtype" and not config.get("amp")):
-            continue
-        flags += [f"--{key.replace('_', '-')}", str(value)]
-    return [*flags, "--iters", str(step)]
-
-
-def evaluate_run(folder: Path, samples: int, iwae_k: int | None) -> dict:
-    try:
-        config = json.loads((folder / "config.json").read_text())
-        summary = json.loads((folder / "summary.json").read_text())
-    except FileNotFoundError as error:
-        raise UserError(f"{folder} is not a finished run (no {Path(error.filename).name})") from None
-    except ValueError as error:
-        raise UserError(f"{folder} has an unreadable config.json or summary.json ({error})") from None
-    if config.get("model") not in MODELS:
-        raise UserError(f"{folder}: unknown model {config.get('model')!r}")
-    command = [sys.executable, str(script_path(config["model"], config["framework"])),
-               *rerun_flags(config, summary["step"]), "--out", str(folder), "--resume",
-               "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else [])]
-    print(f"evaluate: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command, cwd=REPO).returncode
-    if status != 0:
-        raise UserError(f"evaluating {folder} failed (exit {status}); its output is above")
-    return json.loads((folder / "summary.json").read_text()).get("metrics", {})
+from common import evaluation
+from common.errors import UsageError, exit_on_user_error
 
 
 @exit_on_user_error
@@ -72,13 +37,11 @@ def main(argv=None) -> int:
     if args.samples < 10 or (args.iwae_k is not None and args.iwae_k < 1):
         raise UsageError("--samples must be at least 10 and --iwae-k at least 1")
     if args.floor:
-        from common import evaluation
-
         floor = evaluation.real_data_floor(args.samples)
         print(f"real-data floor, MNIST train ({args.samples}) vs test: "
               + ", ".join(f"{k} {v:.4g}" for k, v in floor.items()))
     for folder in args.runs:
-        results = evaluate_run(folder, args.samples, args.iwae_k)
+        results = evaluation.evaluate_run(folder, args.samples, args.iwae_k)
         print(f"{folder}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
     return 0
 

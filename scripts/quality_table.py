@@ -23,8 +23,8 @@ from pathlib import Path
 
 from common.config import FRAMEWORKS, MODELS, REPO, script_path
 from common.errors import UsageError, UserError, exit_on_user_error
+from common.evaluation import evaluate_run
 from common.runs import atomic_write
-from scripts import evaluate as evaluate_script
 
 DATASETS = {"vanilla_gan": ("mnist", "ring8", "grid25"), "lsgan": ("mnist", "ring8", "grid25"),
             "dcgan": ("mnist",), "vanilla_vae": ("mnist",)}
@@ -54,7 +54,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             done = json.loads(summary_path.read_text()) if summary_path.exists() else {}
             if done.get("step") == config["iters"]:
                 if done.get("metrics", {}).get("samples") != args.samples:
-                    evaluate_script.evaluate_run(folder, args.samples, args.iwae_k)
+                    evaluate_run(folder, args.samples, args.iwae_k)
                 return json.loads(summary_path.read_text())
             extra = ["--resume"]
     command = [sys.executable, str(script_path(model, framework)), "--out", str(folder),
