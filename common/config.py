@@ -35,9 +35,12 @@ def script_path(model: str, framework: str) -> Path:
 
 # Dynamic loss scaling (float16 only), the same in both frameworks: start at 2**16, halve on
 # an inf/NaN gradient (and skip that step), double after 2000 clean steps. These are
-# GradScaler's defaults; Keras' LossScaleOptimizer starts at 2**15 unless told otherwise.
+# GradScaler's defaults; Keras' LossScaleOptimizer starts at 2**15 unless told otherwise, and
+# always doubles and halves (its factors are not settable).
 LOSS_SCALE_INIT = 2.0**16
 LOSS_SCALE_GROWTH_INTERVAL = 2000
+KERAS_GROWTH_FACTOR, KERAS_BACKOFF_FACTOR = 2.0, 0.5
+SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale before a warning
 
 
 @dataclasses.dataclass
@@ -69,6 +72,13 @@ class RunConfig:
     init_from: str | None = None
     evaluate: int = 0
     iwae_k: int = 100
+    init_scale: float = LOSS_SCALE_INIT
+    growth_factor: float = KERAS_GROWTH_FACTOR
+    backoff_factor: float = KERAS_BACKOFF_FACTOR
+    growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
+    min_loss_scale: float = 16.0
+    nonfinite_patience: int = 200
+    clip_grad_norm: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -143,6 +153,21 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                                 "bfloat16 (no scaling) on CPU")
     precision.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"),
                            help="override the AMP compute dtype (needs --amp)")
+    precision.add_argument("--init-scale", type=_positive_float, help="float16: first loss scale")
+    precision.add_argument("--growth-factor", type=_positive_float,
+                           help="float16: scale multiplier after --growth-interval clean steps "
+                                "(PyTorch only; Keras always doubles)")
+    precision.add_argument("--backoff-factor", type=_positive_float,
+                           help="float16: scale multiplier on an overflow (PyTorch only; Keras "
+                                "always halves)")
+    precision.add_argument("--growth-interval", type=_positive_int,
+                           help="float16: clean steps before the scale grows")
+    precision.add_argument("--min-loss-scale", type=_positive_float,
+                           help="float16: warn once when the scale stays below this for "
+                                f"{SCALE_WARN_WINDOW} steps")
+    precision.add_argument("--nonfinite-patience", type=_positive_int,
+                           help="stop (with a checkpoint) when the losses have been inf/NaN for "
+                                "this many steps")
 
     training = parser.add_argument_group("training")
     training.add_argument("--iters", type=_positive_int, help="training iterations")
@@ -153,6 +178,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")
     training.add_argument("--weight-decay", type=_non_negative_float,
                           help="decoupled weight decay (adamw only)")
+    training.add_argument("--clip-grad-norm", type=_non_negative_float,
+                          help="clip the global gradient norm of each network (0: off); under "
+                               "float16 the gradients are unscaled first")
     training.add_argument("--seed", type=_non_negative_int, help="seeds Python, numpy and the framework")
     training.add_argument("--init-from", metavar="RUN_DIR|WEIGHTS.npz",
                           help="start from the initial weights of another run, of either "
@@ -212,6 +240,14 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError(f"--amp-dtype {cfg.amp_dtype} needs --amp")
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
+    if cfg.growth_factor <= 1:
+        raise UsageError(f"--growth-factor {cfg.growth_factor} must be above 1 (the scale grows)")
+    if not 0 < cfg.backoff_factor < 1:
+        raise UsageError(f"--backoff-factor {cfg.backoff_factor} must be between 0 and 1 (the scale shrinks)")
+    if cfg.framework == "tensorflow" and (cfg.growth_factor, cfg.backoff_factor) != (
+            KERAS_GROWTH_FACTOR, KERAS_BACKOFF_FACTOR):
+        raise UsageError("Keras' LossScaleOptimizer always doubles and halves its scale: "
+                         "--growth-factor and --backoff-factor are PyTorch-only")
     if cfg.weight_decay and cfg.optimizer != "adamw":
         raise UsageError("--weight-decay needs --optimizer adamw (Adam's L2 penalty is not offered)")
     if cfg.dataset in ("fashion-mnist", "cifar10", "folder") and not cfg.data_dir:

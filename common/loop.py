@@ -12,6 +12,7 @@ A framework backend hands in a `session` with these methods (see torch_backend/t
 """
 from __future__ import annotations
 
+import math
 import signal
 import statistics
 import sys
@@ -19,7 +20,8 @@ import time
 
 from tqdm.auto import tqdm
 
-from common.config import RunConfig
+from common.config import SCALE_WARN_WINDOW, RunConfig
+from common.errors import UserError
 from common.runs import BatchOrder, RunFolder
 
 PROFILE_WARMUP = 5  # steps after the start before the profiled window (tracing, allocator)
@@ -53,6 +55,67 @@ class _StopRequest:
         return False
 
 
+class TrainingDiverged(UserError):
+    """The losses stayed inf/NaN for --nonfinite-patience steps."""
+
+
+class Monitor:
+    """Reads the per-step values of each log interval: which steps a loss scaler skipped,
+    how long the losses have been inf/NaN (a run that stays so is stopped), and how long the
+    float16 loss scale has stayed below --min-loss-scale (warned about once)."""
+
+    def __init__(self, cfg: RunConfig, log):
+        self.cfg, self.log = cfg, log
+        self.nonfinite_streak, self.nonfinite_since = 0, None
+        self.low_scale_since, self.warned = None, False
+
+    def observe(self, first_step: int, rows: list[dict], loss_scale: float) -> dict:
+        """`rows[i]` holds the values of step first_step + i; returns the history fields."""
+        fields = {}
+        skipped_at = [first_step + i for i, row in enumerate(rows) if row.get("skipped", 0) > 0.5]
+        if skipped_at:
+            fields["skipped_at"] = skipped_at
+        nonfinite = 0
+        for i, row in enumerate(rows):
+            if all(math.isfinite(v) for key, v in row.items() if key != "skipped"):
+                self.nonfinite_streak = 0
+                continue
+            nonfinite += 1
+            if self.nonfinite_streak == 0:
+                self.nonfinite_since = first_step + i
+            self.nonfinite_streak += 1
+        if nonfinite:
+            fields["nonfinite_steps"] = nonfinite
+
+        scaling = "skipped" in rows[0]  # only a float16 run scales its loss
+        last_step = first_step + len(rows) - 1
+        if scaling and loss_scale < self.cfg.min_loss_scale:
+            self.low_scale_since = first_step if self.low_scale_since is None else self.low_scale_since
+            if not self.warned and last_step - self.low_scale_since + 1 >= SCALE_WARN_WINDOW:
+                self.warned = True
+                self.log(f"warning: the loss scale has stayed below {self.cfg.min_loss_scale:g} for "
+                         f"{last_step - self.low_scale_since + 1} steps (now {loss_scale:g}): float16 "
+                         "gradients keep overflowing; try --amp-dtype bfloat16, a lower --lr or "
+                         "--clip-grad-norm")
+        else:
+            self.low_scale_since = None
+        return fields
+
+    @property
+    def diverged(self) -> bool:
+        return self.nonfinite_streak >= self.cfg.nonfinite_patience
+
+
+def read_rows(session, rows: list[dict]) -> list[dict]:
+    """Every step's device scalars of one log interval, read in one host<->device sync."""
+    flat = session.fetch({f"{i}/{key}": value for i, row in enumerate(rows) for key, value in row.items()})
+    values = [{} for _ in rows]
+    for name, value in flat.items():
+        index, key = name.split("/", 1)
+        values[int(index)][key] = value
+    return values
+
+
 def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print) -> dict:
     """Run iterations until cfg.iters (or a Ctrl-C); return the summary written to the run."""
     start_step, skipped_total = 0, 0
@@ -70,10 +133,11 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
                     desc=f"{cfg.model} {cfg.framework}", leave=True)
     quiet_every = max(cfg.log_every, cfg.iters // 10)  # plain lines when there is no terminal
     epoch, permutation = None, None
-    totals, steps_in_interval = None, 0
+    interval = []  # this log interval's per-step metrics, still on the device
     interval_ms, last_row = [], {}
     profile_at = start_step + PROFILE_WARMUP if cfg.profile else None
-    stopped_early = False
+    stopped_early, diverged_path = False, None
+    monitor = Monitor(cfg, log)
 
     if start_step == 0 and cfg.sample_every:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
@@ -88,9 +152,7 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
             if batch_epoch != epoch:
                 epoch = batch_epoch
                 permutation = session.upload_indices(order.permutation(epoch))
-            metrics = session.train_step(permutation[offset:offset + cfg.batch_size])
-            totals = metrics if totals is None else {k: totals[k] + v for k, v in metrics.items()}
-            steps_in_interval += 1
+            interval.append(session.train_step(permutation[offset:offset + cfg.batch_size]))
             step += 1
             if profile_at is not None and step == profile_at + PROFILE_STEPS:
                 session.synchronize()
@@ -100,15 +162,17 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
 
             finishing = step == cfg.iters or stop.requested
             if step % cfg.log_every == 0 or finishing:
-                means = {k: v / steps_in_interval for k, v in session.fetch(totals).items()}
+                rows = read_rows(session, interval)
                 elapsed = time.perf_counter() - interval_start - io_seconds
-                skipped = int(round(means.pop("skipped", 0.0) * steps_in_interval))
+                means = {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
+                skipped = int(round(means.pop("skipped", 0.0) * len(rows)))
                 skipped_total += skipped
-                step_ms = 1000.0 * elapsed / steps_in_interval
+                step_ms = 1000.0 * elapsed / len(rows)
                 interval_ms.append(step_ms)
-                last_row = {"step": step, **means, "loss_scale": session.loss_scale(),
+                loss_scale = session.loss_scale()
+                last_row = {"step": step, **means, "loss_scale": loss_scale,
                             "skipped": skipped, "skipped_total": skipped_total,
-                            "step_ms": step_ms}
+                            "step_ms": step_ms, **monitor.observe(step - len(rows) + 1, rows, loss_scale)}
                 run.append_history(last_row)
                 progress.set_postfix({k: f"{v:.3g}" for k, v in means.items()}
                                      | {"scale": f"{last_row['loss_scale']:g}"}, refresh=False)
@@ -117,8 +181,12 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
                     shown = "  ".join(f"{k} {v:.4f}" for k, v in means.items())
                     log(f"step {step:>7}/{cfg.iters}  {shown}  scale {last_row['loss_scale']:g}"
                         f"  skipped {skipped_total}  {step_ms:.2f} ms/step")
-                totals, steps_in_interval = None, 0
+                interval = []
                 interval_start, io_seconds = time.perf_counter(), 0.0
+                if monitor.diverged:
+                    diverged_path = run.checkpoints / f"diverged_step_{step:06d}.{session.checkpoint_suffix}"
+                    session.save_checkpoint(diverged_path, {"step": step, "skipped_total": skipped_total})
+                    break
 
             wants_samples = cfg.sample_every and step % cfg.sample_every == 0
             wants_checkpoint = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
@@ -145,9 +213,19 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
         "batch_size": cfg.batch_size, "median_step_ms": median_ms,
         "samples_per_s": cfg.batch_size * 1000.0 / median_ms if median_ms else None,
         "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": skipped_total,
-        "final": {k: v for k, v in last_row.items() if k not in ("step", "step_ms")},
+        "final": {k: v for k, v in last_row.items() if k not in ("step", "step_ms", "skipped_at")},
         "stopped_early": stopped_early,
     }
+    if diverged_path is not None:
+        summary["stopped"] = f"losses inf/NaN since step {monitor.nonfinite_since}"
+        run.write_summary(summary)
+        good = run.latest_checkpoint()
+        advice = (f"--resume continues from the last good checkpoint (step {good[0]})" if good
+                  else "no earlier checkpoint to resume from")
+        raise TrainingDiverged(
+            f"the losses have been inf/NaN since step {monitor.nonfinite_since} "
+            f"({monitor.nonfinite_streak} steps): stopped at step {step}, state saved in "
+            f"{diverged_path}; lower --lr, try --clip-grad-norm or --amp-dtype bfloat16; {advice}")
     if step == start_step and (run.path / "summary.json").exists():
         # Nothing trained in this process (say, evaluating a finished run): keep its figures.
         summary = {**run.read_summary(), "stopped_early": False}

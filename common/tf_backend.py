@@ -24,8 +24,6 @@ import tensorflow as tf
 from common import data as datasets
 from common import evaluation, loop, porting
 from common.config import (
-    LOSS_SCALE_GROWTH_INTERVAL,
-    LOSS_SCALE_INIT,
     RunConfig,
     describe_precision,
     resolve_precision,
@@ -76,17 +74,21 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
 
 
 def make_optimizer(cfg: RunConfig, runtime: Runtime) -> keras.optimizers.Optimizer:
-    """Adam/AdamW with PyTorch's epsilon, wrapped for loss scaling under float16."""
+    """Adam/AdamW with PyTorch's epsilon, wrapped for loss scaling under float16.
+
+    --clip-grad-norm is the inner optimizer's `global_clipnorm`: the LossScaleOptimizer
+    unscales the gradients before it hands them on, so the clip sees the true gradients."""
+    clip = dict(global_clipnorm=cfg.clip_grad_norm) if cfg.clip_grad_norm else {}
     if cfg.optimizer == "adamw":
-        inner = keras.optimizers.AdamW(cfg.lr, weight_decay=cfg.weight_decay,
-                                       beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=ADAM_EPS)
+        inner = keras.optimizers.AdamW(cfg.lr, weight_decay=cfg.weight_decay, beta_1=cfg.beta1,
+                                       beta_2=cfg.beta2, epsilon=ADAM_EPS, **clip)
     else:
         inner = keras.optimizers.Adam(cfg.lr, beta_1=cfg.beta1, beta_2=cfg.beta2,
-                                      epsilon=ADAM_EPS)
+                                      epsilon=ADAM_EPS, **clip)
     if not runtime.loss_scaling:
         return inner
     return keras.optimizers.LossScaleOptimizer(
-        inner, initial_scale=LOSS_SCALE_INIT, dynamic_growth_steps=LOSS_SCALE_GROWTH_INTERVAL)
+        inner, initial_scale=cfg.init_scale, dynamic_growth_steps=cfg.growth_interval)
 
 
 def apply_gradients(optimizer, gradients, variables) -> tf.Tensor:

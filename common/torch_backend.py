@@ -24,8 +24,6 @@ from torch import nn
 from common import data as datasets
 from common import evaluation, loop, porting
 from common.config import (
-    LOSS_SCALE_GROWTH_INTERVAL,
-    LOSS_SCALE_INIT,
     RunConfig,
     describe_precision,
     resolve_precision,
@@ -44,6 +42,7 @@ class Runtime:
     precision: str                      # "fp32" | "amp-fp16" | "amp-bf16"
     compute_dtype: torch.dtype | None   # None: autocast off
     scaler: torch.amp.GradScaler
+    clip_grad_norm: float = 0.0        # 0: off
 
     def autocast(self):
         """The mixed-precision region; a no-op context in float32 runs."""
@@ -58,6 +57,16 @@ class Runtime:
         if self.device.type == "cuda":
             module = module.to(memory_format=torch.channels_last)
         return module
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """`scaler.step(optimizer)`, clipping the gradient norm first when asked. The clip must
+        see the true gradients: under float16 they are still multiplied by the loss scale, so
+        they are unscaled in place first (step() then does not unscale them again)."""
+        if self.clip_grad_norm:
+            self.scaler.unscale_(optimizer)
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(parameters, self.clip_grad_norm)
+        self.scaler.step(optimizer)
 
     def update_scaler(self) -> torch.Tensor | None:
         """`scaler.update()` once per iteration; returns 1.0 (on the device, no sync) when this
@@ -90,13 +99,15 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         torch.utils.deterministic.fill_uninitialized_memory = False
 
     compute_dtype = {"fp32": None, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
-    scaler = torch.amp.GradScaler(device.type, init_scale=LOSS_SCALE_INIT,
-                                  growth_interval=LOSS_SCALE_GROWTH_INTERVAL,
+    scaler = torch.amp.GradScaler(device.type, init_scale=cfg.init_scale,
+                                  growth_factor=cfg.growth_factor,
+                                  backoff_factor=cfg.backoff_factor,
+                                  growth_interval=cfg.growth_interval,
                                   enabled=precision == "amp-fp16")
     warn_if_bf16_emulated(precision, device.type, log)
     log(f"{cfg.model} | pytorch {torch.__version__} | {device} | "
         f"{describe_precision(precision, device.type)}")
-    return Runtime(device, precision, compute_dtype[precision], scaler)
+    return Runtime(device, precision, compute_dtype[precision], scaler, cfg.clip_grad_norm)
 
 
 class FullPrecision(nn.Module):

@@ -46,7 +46,7 @@ class GAN:
                                              self.discriminator(fake.detach()))
         self.d_optimizer.zero_grad(set_to_none=True)
         scaler.scale(d_loss).backward()
-        scaler.step(self.d_optimizer)
+        self.runtime.step(self.d_optimizer)
 
         # G's loss needs gradients through D, not for D's weights: skip computing those.
         self.discriminator.requires_grad_(False)
@@ -55,7 +55,7 @@ class GAN:
         self.g_optimizer.zero_grad(set_to_none=True)
         scaler.scale(g_loss).backward()
         self.discriminator.requires_grad_(True)
-        scaler.step(self.g_optimizer)
+        self.runtime.step(self.g_optimizer)
 
         metrics = {"d_loss": d_loss.detach(), "g_loss": g_loss.detach()}
         skipped = self.runtime.update_scaler()

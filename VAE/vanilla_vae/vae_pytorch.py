@@ -104,7 +104,7 @@ class VAE:
 
         self.optimizer.zero_grad(set_to_none=True)
         self.runtime.scaler.scale(loss).backward()  # the scaler is a no-op unless float16
-        self.runtime.scaler.step(self.optimizer)
+        self.runtime.step(self.optimizer)
 
         metrics = {"loss": loss.detach(), "recon": recon.detach(), "kl": kl.detach()}
         skipped = self.runtime.update_scaler()

@@ -1,0 +1,182 @@
+"""The AMP toolkit: loss-scaler flags reach GradScaler and LossScaleOptimizer, gradient clipping
+sees unscaled gradients, AdamW gets the same decay in both frameworks, and the training loop's
+monitor records skipped steps, warns about a low loss scale and stops a run whose losses stay
+inf/NaN (with a checkpoint)."""
+import json
+import math
+
+import pytest
+
+from common import loop
+from common.config import RunConfig, parse_args
+from common.runs import RunFolder
+
+# --- the monitor, driven by a fake session (no framework) ----------------------------------
+
+
+class ScriptedSession:
+    """Plays back per-step metrics chosen by the test: `values(step)` -> dict of floats."""
+
+    checkpoint_suffix = "npz"
+
+    def __init__(self, values, scale=1.0):
+        self.values, self.scale, self.step = values, scale, 0
+        self.saved = []
+
+    def upload_indices(self, permutation):
+        return permutation
+
+    def train_step(self, indices):
+        self.step += 1
+        return self.values(self.step)
+
+    def fetch(self, metrics):
+        return {k: float(v) for k, v in metrics.items()}
+
+    def loss_scale(self):
+        return self.scale
+
+    def synchronize(self):
+        pass
+
+    def write_samples(self, run, step):
+        pass
+
+    def save_checkpoint(self, path, meta):
+        path.write_bytes(b"state")
+        self.saved.append(path.name)
+
+    def peak_memory_mb(self):
+        return 1.0
+
+
+def run_loop(tmp_path, values, scale=1.0, **settings):
+    cfg = RunConfig(model="fake", framework="none", batch_size=4, log_every=10,
+                    sample_every=0, checkpoint_every=0, **settings)
+    run = RunFolder(tmp_path / "run")
+    run.checkpoints.mkdir(parents=True)
+    messages = []
+    session = ScriptedSession(values, scale)
+    try:
+        summary = loop.train(cfg, run, session, num_examples=64, log=messages.append)
+    except loop.TrainingDiverged as error:
+        summary = error
+    return summary, run.read_history(), messages, session
+
+
+def test_every_skipped_step_is_recorded(tmp_path):
+    skipped = {3, 7, 18}
+    summary, history, _, _ = run_loop(
+        tmp_path, lambda step: {"loss": 1.0, "skipped": float(step in skipped)}, scale=1024.0, iters=20)
+    assert [row.get("skipped_at") for row in history] == [[3, 7], [18]]
+    assert [row["skipped"] for row in history] == [2, 1]
+    assert summary["skipped_steps"] == 3 and "skipped_at" not in summary["final"]
+
+
+def test_a_low_loss_scale_is_warned_about_once(tmp_path):
+    _, _, messages, _ = run_loop(tmp_path, lambda step: {"loss": 1.0, "skipped": 0.0}, scale=8.0,
+                                 iters=600)
+    warnings = [m for m in messages if m.startswith("warning: the loss scale")]
+    assert len(warnings) == 1 and "below 16 for 200 steps" in warnings[0]
+
+    _, _, messages, _ = run_loop(tmp_path / "ok", lambda step: {"loss": 1.0, "skipped": 0.0},
+                                 scale=32.0, iters=600)
+    assert not [m for m in messages if m.startswith("warning")]
+    # bfloat16/float32 runs report a scale of 1 but scale nothing: no warning either
+    _, _, messages, _ = run_loop(tmp_path / "bf16", lambda step: {"loss": 1.0}, iters=600)
+    assert not [m for m in messages if m.startswith("warning")]
+
+
+def test_losses_that_stay_nonfinite_stop_the_run_with_a_checkpoint(tmp_path):
+    values = lambda step: {"loss": math.inf if step >= 30 else 1.0}
+    error, history, _, session = run_loop(tmp_path, values, iters=1000, nonfinite_patience=40)
+    assert isinstance(error, loop.TrainingDiverged)
+    assert "since step 30" in str(error) and "\n" not in str(error)
+    assert session.saved == ["diverged_step_000070.npz"]  # not a name --resume would pick
+    assert RunFolder(tmp_path / "run").latest_checkpoint() is None
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["step"] == 70 and summary["stopped"] == "losses inf/NaN since step 30"
+    assert history[-1]["nonfinite_steps"] == 10
+
+
+def test_occasional_nonfinite_losses_do_not_stop_the_run(tmp_path):
+    values = lambda step: {"loss": math.nan if step % 10 == 5 else 1.0}
+    summary, history, _, _ = run_loop(tmp_path, values, iters=300, nonfinite_patience=2)
+    assert summary["step"] == 300 and "stopped" not in summary
+    assert all(row["nonfinite_steps"] == 1 for row in history)
+
+
+# --- the options reach the frameworks ------------------------------------------------------
+
+SCALER_FLAGS = ["--amp", "--amp-dtype", "float16", "--init-scale", "1024", "--growth-interval", "7"]
+
+
+def test_gradscaler_gets_every_scaler_flag():
+    from common import torch_backend as backend
+
+    cfg = parse_args("vanilla_gan", "pytorch", {}, [*SCALER_FLAGS, "--growth-factor", "3",
+                                                    "--backoff-factor", "0.25"])
+    scaler = backend.setup(cfg, log=lambda *_: None).scaler
+    assert scaler.is_enabled()
+    assert (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
+            scaler.get_growth_interval()) == (1024.0, 3.0, 0.25, 7)
+
+
+def test_loss_scale_optimizer_gets_what_keras_supports_and_refuses_the_rest(capsys):
+    import keras
+
+    from common import tf_backend as backend
+
+    cfg = parse_args("vanilla_gan", "tensorflow", {}, [*SCALER_FLAGS, "--clip-grad-norm", "2.5"])
+    runtime = backend.setup(cfg, log=lambda *_: None)
+    try:
+        optimizer = backend.make_optimizer(cfg, runtime)
+        assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        optimizer.build([keras.Variable([0.0])])
+        assert float(optimizer.dynamic_scale) == 1024.0 and optimizer.dynamic_growth_steps == 7
+        assert optimizer.inner_optimizer.global_clipnorm == 2.5  # clipped after unscaling
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    for flag in (["--growth-factor", "3"], ["--backoff-factor", "0.25"]):
+        with pytest.raises(SystemExit) as exit_info:
+            from GAN.vanilla_gan import gan_tensorflow
+            gan_tensorflow.main([*SCALER_FLAGS, *flag])
+        assert exit_info.value.code == 2 and "PyTorch-only" in capsys.readouterr().err
+
+
+def test_gradient_clipping_sees_unscaled_gradients():
+    import torch
+
+    from common import torch_backend as backend
+
+    cfg = parse_args("vanilla_gan", "pytorch", {}, [*SCALER_FLAGS, "--clip-grad-norm", "0.5"])
+    runtime = backend.setup(cfg, log=lambda *_: None)
+    layer = torch.nn.Linear(8, 8)
+    optimizer = backend.make_optimizer(cfg, layer.parameters())
+    before = layer.weight.detach().clone()
+    with runtime.autocast():
+        loss = layer(torch.full((4, 8), 3.0)).float().square().sum()  # true gradient norm >> 0.5
+    runtime.scaler.scale(loss).backward()
+    runtime.step(optimizer)
+    norm = torch.sqrt(sum(p.grad.square().sum() for p in layer.parameters()))
+    # Clipping the still-scaled gradients would leave 0.5 / 1024 after step() unscales them.
+    assert float(norm) == pytest.approx(0.5, rel=1e-4)
+    assert not torch.equal(before, layer.weight)
+
+
+def test_adamw_decay_is_the_same_in_both_frameworks():
+    import keras
+    import torch
+
+    from common import tf_backend, torch_backend
+
+    flags = ["--optimizer", "adamw", "--weight-decay", "0.05", "--lr", "0.002"]
+    torch_cfg = parse_args("vanilla_gan", "pytorch", {}, flags)
+    weights = [torch.zeros(1, requires_grad=True)]
+    group = torch_backend.make_optimizer(torch_cfg, weights).param_groups[0]
+    tf_cfg = parse_args("vanilla_gan", "tensorflow", {}, flags)
+    keras_optimizer = tf_backend.make_optimizer(tf_cfg, tf_backend.setup(tf_cfg, log=lambda *_: None))
+    assert isinstance(keras_optimizer, keras.optimizers.AdamW)
+    assert (group["weight_decay"], group["eps"], group["lr"]) == (0.05, 1e-8, 0.002)
+    assert (keras_optimizer.weight_decay, keras_optimizer.epsilon) == (0.05, 1e-8)
+    assert float(keras_optimizer.learning_rate) == pytest.approx(0.002)
