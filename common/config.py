@@ -79,6 +79,7 @@ class RunConfig:
     min_loss_scale: float = 16.0
     nonfinite_patience: int = 200
     clip_grad_norm: float = 0.0
+    precision_report: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -153,6 +154,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                                 "bfloat16 (no scaling) on CPU")
     precision.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"),
                            help="override the AMP compute dtype (needs --amp)")
+    precision.add_argument("--precision-report", action="store_true",
+                           help="print, per layer, its weights' dtype and the dtype its output "
+                                "actually had in the first training step")
     precision.add_argument("--init-scale", type=_positive_float, help="float16: first loss scale")
     precision.add_argument("--growth-factor", type=_positive_float,
                            help="float16: scale multiplier after --growth-interval clean steps "

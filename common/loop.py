@@ -8,6 +8,7 @@ A framework backend hands in a `session` with these methods (see torch_backend/t
     loss_scale() -> float; synchronize()
     write_samples(run, step); save_checkpoint(path, meta); restore(path) -> meta
     peak_memory_mb() -> float; profile_start(dir); profile_stop(dir)
+    precision_report(first_indices) -> rows        (--precision-report) before the first step
     evaluate(cfg) -> dict                           quality metrics (--evaluate N), at the end
 """
 from __future__ import annotations
@@ -106,6 +107,15 @@ class Monitor:
         return self.nonfinite_streak >= self.cfg.nonfinite_patience
 
 
+def format_precision_report(rows: list[tuple[str, str, str, str]], precision: str) -> str:
+    """rows: (layer, kind, weight dtype or "-", output dtype)."""
+    width = max(len(f"{layer} ({kind})") for layer, kind, _, _ in rows)
+    lines = [f"precision report ({precision}): layer, weight dtype, output dtype"]
+    lines += [f"  {f'{layer} ({kind})':<{width}}  {weights:<9} {output}"
+              for layer, kind, weights, output in rows]
+    return "\n".join(lines)
+
+
 def read_rows(session, rows: list[dict]) -> list[dict]:
     """Every step's device scalars of one log interval, read in one host<->device sync."""
     flat = session.fetch({f"{i}/{key}": value for i, row in enumerate(rows) for key, value in row.items()})
@@ -152,6 +162,9 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
             if batch_epoch != epoch:
                 epoch = batch_epoch
                 permutation = session.upload_indices(order.permutation(epoch))
+            if cfg.precision_report and step == start_step:
+                rows = session.precision_report(permutation[offset:offset + cfg.batch_size])
+                log(format_precision_report(rows, session.runtime.precision))
             interval.append(session.train_step(permutation[offset:offset + cfg.batch_size]))
             step += 1
             if profile_at is not None and step == profile_at + PROFILE_STEPS:

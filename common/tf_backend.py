@@ -144,6 +144,21 @@ class Session:
     def train_step(self, indices) -> dict:
         return self._step(indices)
 
+    def precision_report(self, indices) -> list[tuple]:
+        """The dtype every layer's output has under the global policy, read from a model that
+        returns all of them, run on zeros (inference mode; training is untouched)."""
+        rows = []
+        for name, model in self.trainer.modules.items():
+            layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+            probe = keras.Model(model.inputs, [layer.output for layer in layers])
+            inputs = [np.zeros((2, *x.shape[1:]), np.float32) for x in model.inputs]
+            outputs = probe(inputs if len(inputs) > 1 else inputs[0], training=False)
+            for layer, output in zip(layers, outputs if isinstance(outputs, (list, tuple)) else [outputs]):
+                dtype = keras.backend.standardize_dtype
+                weights = dtype(layer.weights[0].dtype) if layer.weights else "-"
+                rows.append((f"{name}.{layer.name}", type(layer).__name__, weights, dtype(output.dtype)))
+        return rows
+
     def fetch(self, metrics: dict) -> dict:
         values = tf.stack([tf.cast(v, tf.float32) for v in metrics.values()]).numpy()
         return dict(zip(metrics, values.tolist()))

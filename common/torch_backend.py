@@ -193,6 +193,50 @@ class Session:
     def train_step(self, indices: torch.Tensor) -> dict:
         return self.trainer.train_step(self.data.batch(indices))
 
+    def precision_report(self, indices) -> list[tuple]:
+        """The dtypes every leaf layer's output had in one forward-and-backward of the real
+        training step, recorded by forward hooks; the weights are restored afterwards, so
+        the run trains exactly as without the report."""
+        rows, hooks = [], []
+        for name, module in self.trainer.modules.items():
+            for layer_name, layer in module.named_modules():
+                if next(layer.children(), None) is not None:
+                    continue  # containers: their leaves are reported
+                weights = next(layer.parameters(recurse=False), None)
+                label = f"{name}.{layer_name}" if layer_name else name
+
+                def record(layer, inputs, output, label=label, weights=weights):
+                    output = output[0] if isinstance(output, tuple) else output
+                    rows.append((label, type(layer).__name__,
+                                 str(weights.dtype).replace("torch.", "") if weights is not None else "-",
+                                 str(output.dtype).replace("torch.", "")))
+                hooks.append(layer.register_forward_hook(record))
+        saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in self.trainer.modules.items()}
+        optimizers = {k: o.state_dict() for k, o in self.trainer.optimizers.items()}
+        scaler, rng = self.runtime.scaler.state_dict(), torch.get_rng_state()
+        cuda = self.runtime.device.type == "cuda"
+        cuda_rng = torch.cuda.get_rng_state(self.runtime.device) if cuda else None
+        try:
+            self.train_step(indices)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for key, module in self.trainer.modules.items():
+            module.load_state_dict(saved[key])
+        for key, optimizer in self.trainer.optimizers.items():
+            optimizer.load_state_dict(optimizers[key])
+        if self.runtime.scaler.is_enabled():
+            self.runtime.scaler.load_state_dict(scaler)
+        torch.set_rng_state(rng)
+        if cuda:
+            torch.cuda.set_rng_state(cuda_rng, self.runtime.device)
+        seen, unique = set(), []
+        for row in rows:  # D runs twice per GAN step (real, fake): one row per layer
+            if row[0] not in seen:
+                seen.add(row[0])
+                unique.append(row)
+        return unique
+
     def fetch(self, metrics: dict) -> dict:
         values = torch.stack([v.detach().float() for v in metrics.values()]).tolist()  # one sync
         return dict(zip(metrics, values))

@@ -180,3 +180,49 @@ def test_adamw_decay_is_the_same_in_both_frameworks():
     assert (group["weight_decay"], group["eps"], group["lr"]) == (0.05, 1e-8, 0.002)
     assert (keras_optimizer.weight_decay, keras_optimizer.epsilon) == (0.05, 1e-8)
     assert float(keras_optimizer.learning_rate) == pytest.approx(0.002)
+
+
+# --- the precision report -------------------------------------------------------------------
+
+TINY = ["--batch-size", "16", "--data-limit", "64", "--log-every", "2", "--iters", "2"]
+
+
+def report_rows(text):
+    lines = text[text.index("precision report"):].splitlines()[1:]
+    rows = {}
+    for line in lines:
+        if not line.startswith("  "):
+            break
+        layer, weights, output = line.split()[0], line.split()[-2], line.split()[-1]
+        rows[layer] = (weights, output)
+    return rows
+
+
+def test_precision_report_shows_what_ran_in_16_bits_pytorch(tmp_path, capsys):
+    from GAN.vanilla_gan import gan_pytorch
+
+    reported = gan_pytorch.main(["--out", str(tmp_path / "a"), *TINY, "--amp", "--precision-report"])
+    rows = report_rows(capsys.readouterr().out)
+    assert rows["generator.hidden.0"] == ("float32", "bfloat16")    # autocast's matmul
+    assert rows["generator.out.layer"] == ("float32", "float32")    # FullPrecision output layer
+    assert rows["discriminator.hidden.2"] == ("-", "bfloat16")
+    assert rows["discriminator.out.layer"] == ("float32", "float32")
+
+    # The report's probe step is undone: the run trains exactly as without it.
+    plain = gan_pytorch.main(["--out", str(tmp_path / "b"), *TINY, "--amp"])
+    assert plain["final"] == reported["final"]
+
+
+def test_precision_report_shows_what_ran_in_16_bits_tensorflow(tmp_path, capsys):
+    import keras
+
+    from GAN.vanilla_gan import gan_tensorflow
+
+    try:
+        gan_tensorflow.main(["--out", str(tmp_path / "a"), *TINY, "--amp", "--precision-report"])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    rows = report_rows(capsys.readouterr().out)
+    hidden, output = [r for name, r in rows.items() if name.startswith("generator.dense")]
+    assert hidden == ("float32", "bfloat16") and output == ("float32", "float32")
+    assert all(weights in ("float32", "-") for weights, _ in rows.values())
