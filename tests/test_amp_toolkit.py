@@ -226,3 +226,25 @@ def test_precision_report_shows_what_ran_in_16_bits_tensorflow(tmp_path, capsys)
     hidden, output = [r for name, r in rows.items() if name.startswith("generator.dense")]
     assert hidden == ("float32", "bfloat16") and output == ("float32", "float32")
     assert all(weights in ("float32", "-") for weights, _ in rows.values())
+
+
+# --- scripts/benchmark.py -------------------------------------------------------------------
+
+def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys):
+    from scripts import benchmark
+
+    assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--iters", "8",
+                           "--log-every", "2", "--out", str(tmp_path), "--data-limit", "128",
+                           "--batch-size", "32"]) == 0
+    report = json.loads((tmp_path / "benchmark.json").read_text())
+    fp32, amp = report["rows"]
+    assert (fp32["precision"], amp["precision"]) == ("fp32", "amp-bf16")
+    assert amp["speedup"] == pytest.approx(fp32["median_step_ms"] / amp["median_step_ms"])
+    assert "speedup" not in fp32 and fp32["peak_memory_mb"] > 0
+    assert report["machine"]["flags"] == ["--data-limit", "128", "--batch-size", "32"]
+    table = (tmp_path / "benchmark.md").read_text()
+    assert f"| {amp['speedup']:.2f}x |" in table and table.count("\n") == 4
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--iters", "3", "--log-every", "2"])
+    assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err

@@ -1,0 +1,104 @@
+"""What does AMP buy on this machine? Median step time, samples/s, speedup over float32 and
+peak memory for every model x framework x precision, each configuration in a fresh process.
+
+    python scripts/benchmark.py                                   # everything, this machine
+    python scripts/benchmark.py --models dcgan --iters 300        # one model
+    python scripts/benchmark.py --precisions fp32 amp-fp16 amp-bf16   # on CUDA: both 16-bit types
+
+A configuration is the model's own script run with `--iters N --log-every W` and no sampling
+or checkpointing until the end; its summary.json gives the median of the per-interval step
+times, leaving out the first interval (graph tracing, allocator and cuDNN warm-up). Peak
+memory is the CUDA allocator's peak on a GPU and the process's peak resident set on a CPU
+(libraries included). The load average before each configuration is recorded: another
+process on the machine slows PyTorch's CPU threads sharply, so take figures on a quiet one.
+Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from common.config import FRAMEWORKS, MODELS, REPO, script_path
+from common.errors import UsageError, UserError, exit_on_user_error
+from common.runs import atomic_write
+
+PRECISION_FLAGS = {"fp32": [], "amp-bf16": ["--amp", "--amp-dtype", "bfloat16"],
+                   "amp-fp16": ["--amp", "--amp-dtype", "float16"]}
+
+
+def measure(model: str, framework: str, precision: str, args) -> dict:
+    folder = args.out / model / f"{framework}-{precision}"
+    command = [sys.executable, str(script_path(model, framework)), "--out", str(folder), "--overwrite",
+               "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
+               "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *args.flags]
+    load = os.getloadavg()[0]
+    print(f"benchmark: {model} {framework} {precision} (load average {load:.2f})", flush=True)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UserError(f"{model} {framework} {precision} failed (exit {result.returncode}): "
+                        f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    summary = json.loads((folder / "summary.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    return {"model": model, "framework": framework, "precision": config["precision"],
+            "device": config["device"], "median_step_ms": summary["median_step_ms"],
+            "samples_per_s": summary["samples_per_s"], "peak_memory_mb": summary["peak_memory_mb"],
+            "skipped_steps": summary["skipped_steps"], "load_average_before": load}
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | framework | precision | device | median ms/step | samples/s | speedup vs fp32 "
+             "| peak MB | skipped |", "|" + "---|" * 9]
+    for row in rows:
+        speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
+        lines.append(f"| {row['model']} | {row['framework']} | {row['precision']} | {row['device']} "
+                     f"| {row['median_step_ms']:.2f} | {row['samples_per_s']:.0f} | {speedup} "
+                     f"| {row['peak_memory_mb']:.0f} | {row['skipped_steps']} |")
+    return "\n".join(lines)
+
+
+@exit_on_user_error
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Other flags (--batch-size, --device, --dataset, ...) "
+                                            "go to every configuration.")
+    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
+    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    parser.add_argument("--precisions", nargs="+", choices=tuple(PRECISION_FLAGS),
+                        default=["fp32", "amp-bf16"], help="amp-fp16 is for CUDA (emulated on CPU)")
+    parser.add_argument("--iters", type=int, default=300)
+    parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
+    parser.add_argument("--out", type=Path, default=Path("runs/benchmark"))
+    args, args.flags = parser.parse_known_args(argv)
+    if args.iters < 2 * args.log_every or args.log_every < 1:
+        raise UsageError("--iters must cover at least two --log-every intervals "
+                         "(the first is warm-up and not counted)")
+    rows = []
+    for model in args.models:
+        for framework in args.frameworks:
+            baseline = None
+            for precision in args.precisions:
+                row = measure(model, framework, precision, args)
+                if precision == "fp32":
+                    baseline = row["median_step_ms"]
+                elif baseline:
+                    row["speedup"] = baseline / row["median_step_ms"]
+                rows.append(row)
+    table = markdown(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = {"platform": platform.platform(), "processor": platform.processor(),
+               "cpus": os.cpu_count(), "iters": args.iters, "log_every": args.log_every,
+               "flags": args.flags}
+    atomic_write(args.out / "benchmark.md", lambda f: f.write((table + "\n").encode()))
+    atomic_write(args.out / "benchmark.json",
+                 lambda f: f.write(json.dumps({"machine": machine, "rows": rows}, indent=2).encode()))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
