@@ -80,6 +80,7 @@ class RunConfig:
     nonfinite_patience: int = 200
     clip_grad_norm: float = 0.0
     precision_report: bool = False
+    xla: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -182,6 +183,8 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")
     training.add_argument("--weight-decay", type=_non_negative_float,
                           help="decoupled weight decay (adamw only)")
+    training.add_argument("--xla", action="store_true",
+                          help="TensorFlow: compile the training step with XLA (jit_compile)")
     training.add_argument("--clip-grad-norm", type=_non_negative_float,
                           help="clip the global gradient norm of each network (0: off); under "
                                "float16 the gradients are unscaled first")
@@ -244,6 +247,8 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError(f"--amp-dtype {cfg.amp_dtype} needs --amp")
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
+    if cfg.xla and cfg.framework != "tensorflow":
+        raise UsageError("--xla is TensorFlow's compiler; PyTorch's torch.compile is not offered yet")
     if cfg.growth_factor <= 1:
         raise UsageError(f"--growth-factor {cfg.growth_factor} must be above 1 (the scale grows)")
     if not 0 < cfg.backoff_factor < 1:

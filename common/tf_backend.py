@@ -249,4 +249,4 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer, data: DeviceData, log=print) 
             run.path, {name: porting.keras_export(model) for name, model in trainer.modules.items()},
             {"model": cfg.model, "framework": "tensorflow", "seed": cfg.seed,
              "sample_shape": list(shape)})
-    return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)
+    return loop.train(cfg, run, Session(trainer, data, runtime, jit_compile=cfg.xla), len(data), log=log)

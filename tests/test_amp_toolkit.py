@@ -248,3 +248,21 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--iters", "3", "--log-every", "2"])
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
+
+
+def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, capsys):
+    import keras
+
+    from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+    from VAE.vanilla_vae import vae_tensorflow
+
+    try:
+        gan = gan_tensorflow.main(["--out", str(tmp_path / "gan"), *TINY, "--amp", "--xla"])
+        vae = vae_tensorflow.main(["--out", str(tmp_path / "vae"), *TINY, "--xla"])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert all(math.isfinite(v) for v in (gan["final"]["d_loss"], vae["final"]["loss"]))
+    assert json.loads((tmp_path / "gan" / "config.json").read_text())["xla"] is True
+    with pytest.raises(SystemExit) as exit_info:
+        gan_pytorch.main(["--out", str(tmp_path / "pt"), *TINY, "--xla"])
+    assert exit_info.value.code == 2 and "--xla is TensorFlow's" in capsys.readouterr().err
