@@ -30,6 +30,12 @@ from common.errors import UserError
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
 CHUNK = 1000      # examples per framework call
 FID_IMAGE_SHAPE = (28, 28, 1)
+MIXTURE_SAMPLES = 2500  # the VEEGAN/PacGAN protocol's sample count, whatever --evaluate asks
+
+
+def sample_count(dataset: str, asked: int) -> int:
+    """How many samples a run of `dataset` is measured on when `asked` for."""
+    return min(asked, MIXTURE_SAMPLES) if dataset in POINT_DATASETS else asked
 
 
 def evaluation_noise(count: int, dim: int, seed: int) -> np.ndarray:
@@ -105,7 +111,7 @@ def vae_bounds(encode, decode_logits, images: np.ndarray, k: int, seed: int) -> 
 def evaluate(cfg, trainer, log=print) -> dict:
     """Every metric that applies to this run; `trainer.sample(z)` returns NHWC images in
     [0, 1] or 2-D points for z of `trainer.z_dim` dimensions."""
-    count = cfg.evaluate
+    count = sample_count(cfg.dataset, cfg.evaluate)
     samples = in_chunks(trainer.sample, evaluation_noise(count, trainer.z_dim, cfg.seed))
     if not np.isfinite(samples).all():
         log("evaluation: the samples hold inf/NaN; no metrics")

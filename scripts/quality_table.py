@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common.config import FRAMEWORKS, MODELS, REPO, script_path
 from common.errors import UsageError, UserError, exit_on_user_error
-from common.evaluation import evaluate_run
+from common.evaluation import evaluate_run, sample_count
 from common.runs import atomic_write
 
 DATASETS = {"vanilla_gan": ("mnist", "ring8", "grid25"), "lsgan": ("mnist", "ring8", "grid25"),
@@ -53,7 +53,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                                  "--overwrite to train it again, or --runs for another folder")
             done = json.loads(summary_path.read_text()) if summary_path.exists() else {}
             if done.get("step") == config["iters"]:
-                if done.get("metrics", {}).get("samples") != args.samples:
+                if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
                     evaluate_run(folder, args.samples, args.iwae_k)
                 return json.loads(summary_path.read_text())
             extra = ["--resume"]

@@ -80,9 +80,10 @@ def test_evaluate_flag_measures_at_the_end_of_training(script, tmp_path):
 
 def test_mixture_runs_report_modes(tmp_path):
     out = tmp_path / "ring"
-    gan_pytorch.main(["--out", str(out), *TINY, "--dataset", "ring8", "--evaluate", "2500"])
+    gan_pytorch.main(["--out", str(out), *TINY, "--dataset", "ring8", "--evaluate", "10000"])
     metrics = json.loads((out / "summary.json").read_text())["metrics"]
     assert set(metrics) == {"samples", "modes_covered", "high_quality"}
+    assert metrics["samples"] == 2500  # the protocol's count
     assert 0 <= metrics["modes_covered"] <= 8 and 0 <= metrics["high_quality"] <= 1
 
 
@@ -129,6 +130,7 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
         ("mnist", "-"), ("mnist", "fp32"), ("mnist", "amp-bf16"), ("ring8", "fp32"), ("ring8", "amp-bf16")]
     assert rows[2]["fid_ratio"] == pytest.approx(rows[2]["metrics"]["fid"] / rows[1]["metrics"]["fid"])
     assert "modes_covered" in rows[3]["metrics"] and rows[4]["metrics"]["samples"] == 100
+    assert evaluation.sample_count("ring8", 10_000) == 2500  # the mixture protocol's count
     table = (tmp_path / "quality_table.md").read_text()
     assert table.count("\n") == 2 + len(rows) and "| vanilla_gan | ring8 | pytorch | amp-bf16 |" in table
 
