@@ -38,9 +38,14 @@ def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool) 
     return runs / model / dataset / f"{framework}-{'amp' if amp else 'fp32'}"
 
 
-def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args) -> dict:
-    """Train and/or evaluate one run as needed; return its summary."""
+def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args) -> dict | None:
+    """Train and/or evaluate one run as needed; return its summary (with --table-only: the
+    summary of a finished, measured run, else None)."""
     summary_path = folder / "summary.json"
+    if args.table_only:
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        finished = summary.get("metrics") and not summary.get("stopped_early")
+        return summary if finished else None
     extra = []
     if folder.exists() and any(folder.iterdir()):
         if args.overwrite:
@@ -98,6 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
     parser.add_argument("--runs", type=Path, default=Path("runs/quality"))
     parser.add_argument("--overwrite", action="store_true", help="train every run again")
+    parser.add_argument("--table-only", action="store_true",
+                        help="train and measure nothing: tabulate the measured runs there are")
     args = parser.parse_args(argv)
     if args.samples < 10 or (args.iters is not None and args.iters < 1):
         raise UsageError("--samples must be at least 10 and --iters at least 1")
@@ -114,6 +121,8 @@ def main(argv=None) -> int:
                 for amp in (False, True):
                     folder = run_folder(args.runs, model, dataset, framework, amp)
                     summary = ensure(folder, model, dataset, framework, amp, args)
+                    if summary is None:
+                        continue
                     config = json.loads((folder / "config.json").read_text())
                     metrics = summary.get("metrics", {})
                     row = {"model": model, "dataset": dataset, "framework": framework,
