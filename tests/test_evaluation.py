@@ -139,3 +139,8 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     capsys.readouterr()
     assert quality_table.main(argv) == 0  # everything reused: nothing trained or measured again
     assert summary.stat().st_mtime_ns == before and "quality_table: " not in capsys.readouterr().out
+
+    # --table-only trains nothing: DCGAN, never run here, is left out of the table
+    assert quality_table.main([*argv, "--models", "vanilla_gan", "dcgan", "--table-only"]) == 0
+    rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"]
+    assert len(rows) == 5 and not (tmp_path / "dcgan").exists()
