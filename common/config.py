@@ -81,6 +81,7 @@ class RunConfig:
     clip_grad_norm: float = 0.0
     precision_report: bool = False
     xla: bool = False
+    workers: int = 0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -202,6 +203,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                                          "(mnist without it: the embedded copy)")
     data.add_argument("--data-limit", type=_positive_int,
                       help="use only the first N training examples")
+    data.add_argument("--workers", type=_non_negative_int,
+                      help="0: the dataset stays on the device; N: a host loader with N worker "
+                           "processes (PyTorch DataLoader) or N parallel map calls (tf.data)")
     data.add_argument("--image-size", type=_positive_int,
                       help="resize images to N x N (image folders, or 28 -> 32 for conv nets)")
 

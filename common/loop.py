@@ -10,6 +10,7 @@ A framework backend hands in a `session` with these methods (see torch_backend/t
     peak_memory_mb() -> float; profile_start(dir); profile_stop(dir)
     precision_report(first_indices) -> rows        (--precision-report) before the first step
     evaluate(cfg) -> dict                           quality metrics (--evaluate N), at the end
+    start(order, start_step, stop_step)             (optional) before the first step: host loaders
 """
 from __future__ import annotations
 
@@ -151,6 +152,8 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
 
     if start_step == 0 and cfg.sample_every:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
+    if hasattr(session, "start"):
+        session.start(order, start_step, cfg.iters)
     session.synchronize()
     interval_start, io_seconds = time.perf_counter(), 0.0
     with _StopRequest() as stop:

@@ -150,6 +150,16 @@ class BatchOrder:
         epoch, position = divmod(step, self.steps_per_epoch)
         return epoch, position * self.batch_size
 
+    def batches(self, start_step: int, stop_step: int):
+        """The example indices of every batch from start_step to stop_step, in order: what a
+        host loader prefetches (the resident path slices the same permutations itself)."""
+        epoch, permutation = None, None
+        for step in range(start_step, stop_step):
+            batch_epoch, offset = self.locate(step)
+            if batch_epoch != epoch:
+                epoch, permutation = batch_epoch, self.permutation(batch_epoch)
+            yield permutation[offset:offset + self.batch_size]
+
     def permutation(self, epoch: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, BATCH_STREAM, epoch])
         return rng.permutation(self.num_examples).astype(np.int32)

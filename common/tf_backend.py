@@ -116,14 +116,38 @@ class DeviceData:
         return int(self.x.shape[0])
 
     def batch(self, indices: tf.Tensor) -> tf.Tensor:
-        rows = tf.gather(self.x, indices)
+        return self.to_model(tf.gather(self.x, indices))
+
+    def to_model(self, rows: tf.Tensor) -> tf.Tensor:
+        """uint8 images -> float in the model's range (points pass through)."""
         if self.kind == "image":
             return tf.cast(rows, tf.float32) * self.scale + self.shift
         return rows
 
 
+class HostLoader(DeviceData):
+    """--workers N: a tf.data pipeline gathers and scales the batches on the host with N
+    parallel map calls and prefetches them (AUTOTUNE), in the same BatchOrder as the resident
+    path, so both train on identical batches."""
+
+    def __init__(self, dataset: datasets.Dataset, value_range, workers: int):
+        with tf.device("/CPU:0"):
+            super().__init__(dataset, value_range)
+        self.workers, self.iterator = workers, None
+
+    def start(self, order, start_step: int, stop_step: int):
+        steps = np.stack(list(order.batches(start_step, stop_step)))
+        with tf.device("/CPU:0"):
+            pipeline = (tf.data.Dataset.from_tensor_slices(steps)
+                        .map(self.batch, num_parallel_calls=self.workers, deterministic=True)
+                        .prefetch(tf.data.AUTOTUNE))
+        self.iterator = iter(pipeline)
+
+
 def load_data(cfg: RunConfig, runtime: Runtime, value_range=(-1.0, 1.0)) -> DeviceData:
     dataset = datasets.load_training_set(cfg)
+    if cfg.workers:
+        return HostLoader(dataset, value_range, cfg.workers)
     return DeviceData(dataset, value_range)
 
 
@@ -137,11 +161,18 @@ class Session:
         self.trainer, self.data, self.runtime = trainer, data, runtime
         self._step = tf.function(lambda idx: trainer.train_step(data.batch(idx)),
                                  jit_compile=jit_compile)
+        self._step_on_batch = tf.function(trainer.train_step, jit_compile=jit_compile)
+
+    def start(self, order, start_step: int, stop_step: int):
+        if isinstance(self.data, HostLoader):
+            self.data.start(order, start_step, stop_step)
 
     def upload_indices(self, permutation: np.ndarray) -> tf.Tensor:
         return tf.constant(permutation)
 
     def train_step(self, indices) -> dict:
+        if isinstance(self.data, HostLoader):  # the next prefetched batch is the one `indices` names
+            return self._step_on_batch(next(self.data.iterator))
         return self._step(indices)
 
     def precision_report(self, indices) -> list[tuple]:

@@ -266,3 +266,28 @@ def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, ca
     with pytest.raises(SystemExit) as exit_info:
         gan_pytorch.main(["--out", str(tmp_path / "pt"), *TINY, "--xla"])
     assert exit_info.value.code == 2 and "--xla is TensorFlow's" in capsys.readouterr().err
+
+
+# --- --workers: the host loader --------------------------------------------------------------
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_host_loader_trains_on_the_same_batches_as_the_resident_data(framework, tmp_path):
+    import keras
+
+    from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+
+    script = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}[framework]
+    flags = ["--batch-size", "16", "--data-limit", "64", "--log-every", "1", "--iters", "9",
+             "--sample-every", "0"]  # 9 steps cross two epoch boundaries
+    try:
+        resident = script.main(["--out", str(tmp_path / "resident"), *flags])
+        loaded = script.main(["--out", str(tmp_path / "loaded"), *flags, "--workers", "2"])
+        resumed_flags = [*flags, "--workers", "2", "--checkpoint-every", "4"]
+        script.main(["--out", str(tmp_path / "resumed"), *resumed_flags, "--iters", "5"])
+        resumed = script.main(["--out", str(tmp_path / "resumed"), *resumed_flags, "--resume"])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    history = lambda name: RunFolder(tmp_path / name).read_history()
+    assert history("loaded") and [(r["d_loss"], r["g_loss"]) for r in history("loaded")] == [
+        (r["d_loss"], r["g_loss"]) for r in history("resident")]
+    assert loaded["final"] == resident["final"] == resumed["final"]

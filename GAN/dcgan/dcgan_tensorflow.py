@@ -18,9 +18,13 @@ from common.errors import exit_on_user_error
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
 
+
 # Convolutions ~ N(0, 0.02); batch-norm scale ~ N(1, 0.02), shift 0 (the DCGAN paper).
-CONV = dict(use_bias=False,
-            kernel_initializer=keras.initializers.RandomNormal(0.0, hparams.INIT_STD))
+def conv() -> dict:
+    """A fresh initializer per layer, made after --seed is set: one made at import time
+    would draw its seed before seeding (a different init every run) and give layers of the
+    same shape the same weights."""
+    return dict(use_bias=False, kernel_initializer=keras.initializers.RandomNormal(0.0, hparams.INIT_STD))
 
 
 def batch_norm() -> layers.BatchNormalization:
@@ -34,13 +38,13 @@ def make_generator(image_shape: tuple) -> keras.Model:
     base, upsamplings = hparams.geometry(height, width)
     features = hparams.G_FEATURES * 2 ** (upsamplings - 1)
     stack = [keras.Input((hparams.Z_DIM,)), layers.Reshape((1, 1, hparams.Z_DIM)),
-             layers.Conv2DTranspose(features, base, 1, "valid", **CONV),  # 1 -> base
+             layers.Conv2DTranspose(features, base, 1, "valid", **conv()),  # 1 -> base
              batch_norm(), layers.ReLU()]
     for _ in range(upsamplings - 1):  # each doubles the side, halves the channels
         features //= 2
-        stack += [layers.Conv2DTranspose(features, 4, 2, "same", **CONV), batch_norm(),
+        stack += [layers.Conv2DTranspose(features, 4, 2, "same", **conv()), batch_norm(),
                   layers.ReLU()]
-    stack += [layers.Conv2DTranspose(channels, 4, 2, "same", dtype="float32", **CONV),
+    stack += [layers.Conv2DTranspose(channels, 4, 2, "same", dtype="float32", **conv()),
               layers.Activation("tanh", dtype="float32")]
     return keras.Sequential(stack, name="generator")
 
@@ -50,13 +54,13 @@ def make_discriminator(image_shape: tuple) -> keras.Model:
     base, downsamplings = hparams.geometry(height, width)
     features = hparams.D_FEATURES
     stack = [keras.Input(image_shape),
-             layers.Conv2D(features, 4, 2, "same", **CONV),  # no batch norm on the input
+             layers.Conv2D(features, 4, 2, "same", **conv()),  # no batch norm on the input
              layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
     for _ in range(downsamplings - 1):  # each halves the side, doubles the channels
         features *= 2
-        stack += [layers.Conv2D(features, 4, 2, "same", **CONV), batch_norm(),
+        stack += [layers.Conv2D(features, 4, 2, "same", **conv()), batch_norm(),
                   layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
-    stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **CONV),  # -> 1x1
+    stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **conv()),  # -> 1x1
               layers.Flatten(dtype="float32")]
     return keras.Sequential(stack, name="discriminator")
 
