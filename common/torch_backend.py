@@ -11,6 +11,7 @@ AMP in PyTorch is two independent pieces:
 from __future__ import annotations
 
 import contextlib
+import copy
 import random
 import resource
 import sys
@@ -267,7 +268,8 @@ class Session:
                                  str(output.dtype).replace("torch.", "")))
                 hooks.append(layer.register_forward_hook(record))
         saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in self.trainer.modules.items()}
-        optimizers = {k: o.state_dict() for k, o in self.trainer.optimizers.items()}
+        # state_dict() hands out the live moment tensors, which the probe step updates in place
+        optimizers = {k: copy.deepcopy(o.state_dict()) for k, o in self.trainer.optimizers.items()}
         scaler, rng = self.runtime.scaler.state_dict(), torch.get_rng_state()
         cuda = self.runtime.device.type == "cuda"
         cuda_rng = torch.cuda.get_rng_state(self.runtime.device) if cuda else None
@@ -303,22 +305,25 @@ class Session:
         if self.runtime.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def write_samples(self, run: RunFolder, step: int):
+    @contextlib.contextmanager
+    def _inference(self):
+        """Eval mode (batch norm on its running statistics) and no autograd, then back."""
         for module in self.trainer.modules.values():
             module.eval()
-        with torch.no_grad():
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            for module in self.trainer.modules.values():
+                module.train()
+
+    def write_samples(self, run: RunFolder, step: int):
+        with self._inference():
             self.trainer.write_samples(run, step)
-        for module in self.trainer.modules.values():
-            module.train()
 
     def evaluate(self, cfg: RunConfig) -> dict:
-        for module in self.trainer.modules.values():
-            module.eval()
-        with torch.no_grad():
-            results = evaluation.evaluate(cfg, self.trainer)
-        for module in self.trainer.modules.values():
-            module.train()
-        return results
+        with self._inference():
+            return evaluation.evaluate(cfg, self.trainer)
 
     # --- checkpoints -------------------------------------------------------------------
     def save_checkpoint(self, path: Path, meta: dict):

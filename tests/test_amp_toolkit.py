@@ -208,8 +208,13 @@ def test_precision_report_shows_what_ran_in_16_bits_pytorch(tmp_path, capsys):
     assert rows["discriminator.hidden.2"] == ("-", "bfloat16")
     assert rows["discriminator.out.layer"] == ("float32", "float32")
 
-    # The report's probe step is undone: the run trains exactly as without it.
+    # The report's probe step is undone: the run trains exactly as without it, also when it
+    # probes a resumed run, whose optimizer already holds moments the probe step would move.
     plain = gan_pytorch.main(["--out", str(tmp_path / "b"), *TINY, "--amp"])
+    assert plain["final"] == reported["final"]
+    longer = [*TINY, "--amp", "--iters", "4", "--resume"]
+    reported = gan_pytorch.main(["--out", str(tmp_path / "a"), *longer, "--precision-report"])
+    plain = gan_pytorch.main(["--out", str(tmp_path / "b"), *longer])
     assert plain["final"] == reported["final"]
 
 
@@ -250,17 +255,27 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys):
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
 
 
-def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, capsys):
+def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, capsys, monkeypatch):
     import keras
 
+    from common import tf_backend
     from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
     from VAE.vanilla_vae import vae_tensorflow
 
+    compiled = []
+
+    class Spy(tf_backend.Session):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            compiled.append(self._step._jit_compile)
+
+    monkeypatch.setattr(tf_backend, "Session", Spy)
     try:
         gan = gan_tensorflow.main(["--out", str(tmp_path / "gan"), *TINY, "--amp", "--xla"])
         vae = vae_tensorflow.main(["--out", str(tmp_path / "vae"), *TINY, "--xla"])
     finally:
         keras.mixed_precision.set_global_policy("float32")
+    assert compiled == [True, True]  # the step really went to XLA
     assert all(math.isfinite(v) for v in (gan["final"]["d_loss"], vae["final"]["loss"]))
     assert json.loads((tmp_path / "gan" / "config.json").read_text())["xla"] is True
     with pytest.raises(SystemExit) as exit_info:
