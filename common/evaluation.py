@@ -26,10 +26,10 @@ from common import data as datasets
 from common import metrics
 from common.config import MODELS, POINT_DATASETS, REPO, RESUME_KEYS, script_path
 from common.errors import UserError
+from common.runs import RunFolder
 
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
 CHUNK = 1000      # examples per framework call
-FID_IMAGE_SHAPE = (28, 28, 1)
 MIXTURE_SAMPLES = 2500  # the VEEGAN/PacGAN protocol's sample count, whatever --evaluate asks
 
 
@@ -156,13 +156,7 @@ def rerun_flags(config: dict, step: int) -> list[str]:
 def evaluate_run(folder: Path, samples: int, iwae_k: int | None) -> dict:
     """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
     left to train) and `--evaluate samples`; return the metrics it wrote to summary.json."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-        summary = json.loads((folder / "summary.json").read_text())
-    except FileNotFoundError as error:
-        raise UserError(f"{folder} is not a finished run (no {Path(error.filename).name})") from None
-    except ValueError as error:
-        raise UserError(f"{folder} has an unreadable config.json or summary.json ({error})") from None
+    config, summary = RunFolder(folder).read_finished()
     if config.get("model") not in MODELS:
         raise UserError(f"{folder}: unknown model {config.get('model')!r}")
     command = [sys.executable, str(script_path(config["model"], config["framework"])),

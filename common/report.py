@@ -50,13 +50,7 @@ class Side:
 def load_side(path: Path, label: str | None = None) -> Side:
     """Read a run folder; one UserError line when it is not a finished run."""
     run = RunFolder(path)
-    try:
-        config = json.loads((run.path / "config.json").read_text())
-        summary = json.loads((run.path / "summary.json").read_text())
-    except FileNotFoundError as error:
-        raise UserError(f"{run.path} is not a finished run (no {Path(error.filename).name})") from None
-    except ValueError as error:
-        raise UserError(f"{run.path} has an unreadable config.json or summary.json ({error})") from None
+    config, summary = run.read_finished()
     label = label or f"{config['framework']} {config['precision']}"
     return Side(label, run, config, summary, run.read_history())
 

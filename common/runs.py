@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from common.config import RESUME_KEYS, RunConfig, run_dir_for
-from common.errors import CheckpointError, UsageError
+from common.errors import CheckpointError, UsageError, UserError
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(pt|npz)$")
 KEEP_CHECKPOINTS = 2
@@ -130,6 +130,15 @@ class RunFolder:
 
     def read_summary(self) -> dict:
         return json.loads((self.path / "summary.json").read_text())
+
+    def read_finished(self) -> tuple[dict, dict]:
+        """config.json and summary.json of a finished run; one UserError line otherwise."""
+        try:
+            return (json.loads((self.path / "config.json").read_text()), self.read_summary())
+        except FileNotFoundError as error:
+            raise UserError(f"{self.path} is not a finished run (no {Path(error.filename).name})") from None
+        except ValueError as error:
+            raise UserError(f"{self.path} has an unreadable config.json or summary.json ({error})") from None
 
     def sample_path(self, step: int, tag: str = "") -> Path:
         return self.samples / f"step_{step:06d}{tag}.png"
