@@ -81,6 +81,7 @@ class RunConfig:
     clip_grad_norm: float = 0.0
     precision_report: bool = False
     xla: bool = False
+    compile: bool = False
     workers: int = 0
 
     def to_json(self) -> str:
@@ -186,6 +187,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                           help="decoupled weight decay (adamw only)")
     training.add_argument("--xla", action="store_true",
                           help="TensorFlow: compile the training step with XLA (jit_compile)")
+    training.add_argument("--compile", action="store_true",
+                          help="PyTorch: compile the networks with torch.compile (static shapes; "
+                               "the first steps are slow while it compiles)")
     training.add_argument("--clip-grad-norm", type=_non_negative_float,
                           help="clip the global gradient norm of each network (0: off); under "
                                "float16 the gradients are unscaled first")
@@ -252,7 +256,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
     if cfg.xla and cfg.framework != "tensorflow":
-        raise UsageError("--xla is TensorFlow's compiler; PyTorch's torch.compile is not offered yet")
+        raise UsageError("--xla is TensorFlow's compiler; PyTorch's is --compile")
+    if cfg.compile and cfg.framework != "pytorch":
+        raise UsageError("--compile is PyTorch's compiler (torch.compile); TensorFlow's is --xla")
     if cfg.growth_factor <= 1:
         raise UsageError(f"--growth-factor {cfg.growth_factor} must be above 1 (the scale grows)")
     if not 0 < cfg.backoff_factor < 1:

@@ -7,7 +7,8 @@ A framework backend hands in a `session` with these methods (see torch_backend/t
     fetch(metrics) -> dict of floats                the only host<->device sync on the hot path
     loss_scale() -> float; synchronize()
     write_samples(run, step); save_checkpoint(path, meta); restore(path) -> meta
-    peak_memory_mb() -> float; profile_start(dir); profile_stop(dir)
+    peak_memory_mb() -> float; profile_start(dir)
+    profile_stop(dir) -> (rows, trace)              rows: (operation, calls, self ms) in the window
     precision_report(first_indices) -> rows        (--precision-report) before the first step
     evaluate(cfg) -> dict                           quality metrics (--evaluate N), at the end
     start(order, start_step, stop_step)             (optional) before the first step: host loaders
@@ -28,6 +29,7 @@ from common.runs import BatchOrder, RunFolder
 
 PROFILE_WARMUP = 5  # steps after the start before the profiled window (tracing, allocator)
 PROFILE_STEPS = 10
+TOP_OPS = 15  # rows of the profile's operations table
 
 
 class _StopRequest:
@@ -117,6 +119,22 @@ def format_precision_report(rows: list[tuple[str, str, str, str]], precision: st
     return "\n".join(lines)
 
 
+def format_top_ops(rows: list[tuple[str, int, float]], steps: int) -> str:
+    """rows: (operation, calls, self milliseconds) over `steps` profiled steps, any order."""
+    if not rows:
+        return f"the profiler recorded no operations over {steps} steps (see the trace)"
+    rows = sorted(rows, key=lambda row: -row[2])
+    total = sum(ms for _, _, ms in rows)
+    shown = [(name if len(name) <= 60 else name[:57] + "...", calls, ms) for name, calls, ms in rows[:TOP_OPS]]
+    width = max([len(name) for name, _, _ in shown] + [len("operation")])
+    lines = [f"top operations by self time over {steps} profiled steps "
+             f"({total / steps:.2f} ms/step in operations)",
+             f"  {'operation':<{width}}  {'calls/step':>10}  {'ms/step':>8}  {'share':>6}"]
+    lines += [f"  {name:<{width}}  {calls / steps:>10.1f}  {ms / steps:>8.3f}  {ms / total:>6.1%}"
+              for name, calls, ms in shown]
+    return "\n".join(lines)
+
+
 def read_rows(session, rows: list[dict]) -> list[dict]:
     """Every step's device scalars of one log interval, read in one host<->device sync."""
     flat = session.fetch({f"{i}/{key}": value for i, row in enumerate(rows) for key, value in row.items()})
@@ -173,7 +191,10 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
             if profile_at is not None and step == profile_at + PROFILE_STEPS:
                 session.synchronize()
                 io_start = time.perf_counter()
-                session.profile_stop(run.path / "profile")
+                operations, trace = session.profile_stop(run.path / "profile")
+                table = format_top_ops(operations, PROFILE_STEPS)
+                (run.path / "profile" / "top_ops.txt").write_text(table + "\n")
+                log(f"{table}\nprofile: {trace}")
                 io_seconds += time.perf_counter() - io_start
 
             finishing = step == cfg.iters or stop.requested

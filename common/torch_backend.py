@@ -14,7 +14,6 @@ import contextlib
 import copy
 import random
 import resource
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,7 +273,9 @@ class Session:
         cuda = self.runtime.device.type == "cuda"
         cuda_rng = torch.cuda.get_rng_state(self.runtime.device) if cuda else None
         try:
-            self.trainer.train_step(self.data.lookup(indices))  # leaves a host loader's queue alone
+            # Eager: hooks see every layer (a compiled graph fuses them); leaves a host loader's queue alone.
+            with torch.compiler.set_stance("force_eager"):
+                self.trainer.train_step(self.data.lookup(indices))
         finally:
             for hook in hooks:
                 hook.remove()
@@ -311,7 +312,9 @@ class Session:
         for module in self.trainer.modules.values():
             module.eval()
         try:
-            with torch.no_grad():
+            # Under --compile, sample grids and evaluation (other batch sizes, eval mode) run
+            # eagerly rather than compiling graphs used once.
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
                 yield
         finally:
             for module in self.trainer.modules.values():
@@ -376,16 +379,19 @@ class Session:
         self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
         self._profiler.start()
 
-    def profile_stop(self, folder: Path):
+    def profile_stop(self, folder: Path) -> tuple[list, str]:
         self._profiler.stop()
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / "trace.json"
         self._profiler.export_chrome_trace(str(trace))
-        sort = "cuda_time_total" if self.runtime.device.type == "cuda" else "cpu_time_total"
-        print(self._profiler.key_averages().table(sort_by=sort, row_limit=12), file=sys.stderr)
-        print(f"profile: {loop.PROFILE_STEPS} steps, Chrome trace in {trace} "
-              "(open in chrome://tracing or https://ui.perfetto.dev)", file=sys.stderr)
+        # Self time, so that the shares add up: on CUDA the kernels' device time, on a CPU the ops'.
+        cuda = self.runtime.device.type == "cuda"
+        rows = [(event.key, event.count,
+                 (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1000)
+                for event in self._profiler.key_averages()]
         self._profiler = None
+        return ([row for row in rows if row[2] > 0],
+                f"Chrome trace in {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
 
 
 def fit(cfg: RunConfig, runtime: Runtime, trainer, data: DeviceData, log=print) -> dict:
@@ -407,4 +413,9 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer, data: DeviceData, log=print) 
                        for name, module in trainer.modules.items()},
             {"model": cfg.model, "framework": "pytorch", "seed": cfg.seed,
              "sample_shape": list(shape)})
+    if cfg.compile:
+        for module in trainer.modules.values():
+            # In place (nn.Module.compile): state_dict keys, hence checkpoints and porting, stay
+            # as they are. Static shapes: one graph per batch shape and train/no-grad mode.
+            module.compile(dynamic=False)
     return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)

@@ -4,6 +4,8 @@ peak memory for every model x framework x precision, each configuration in a fre
     python scripts/benchmark.py                                   # everything, this machine
     python scripts/benchmark.py --models dcgan --iters 300        # one model
     python scripts/benchmark.py --precisions fp32 amp-fp16 amp-bf16   # on CUDA: both 16-bit types
+    python scripts/benchmark.py --compiled                        # also torch.compile / XLA rows
+    python scripts/benchmark.py --workers 2 --out runs/benchmark-workers   # the host loader
 
 A configuration is the model's own script run with `--iters N --log-every W` and no sampling
 or checkpointing until the end; its summary.json gives the median of the per-interval step
@@ -29,33 +31,38 @@ from common.runs import atomic_write
 
 PRECISION_FLAGS = {"fp32": [], "amp-bf16": ["--amp", "--amp-dtype", "bfloat16"],
                    "amp-fp16": ["--amp", "--amp-dtype", "float16"]}
+COMPILERS = {"pytorch": ("torch.compile", "--compile"), "tensorflow": ("XLA", "--xla")}
 
 
-def measure(model: str, framework: str, precision: str, args) -> dict:
-    folder = args.out / model / f"{framework}-{precision}"
+def measure(model: str, framework: str, precision: str, compiled: bool, args) -> dict:
+    compiler, compiler_flag = COMPILERS[framework] if compiled else ("-", None)
+    folder = args.out / model / f"{framework}-{precision}{'-compiled' if compiled else ''}"
     command = [sys.executable, str(script_path(model, framework)), "--out", str(folder), "--overwrite",
                "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
-               "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *args.flags]
+               "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
+               *args.flags]
     load = os.getloadavg()[0]
-    print(f"benchmark: {model} {framework} {precision} (load average {load:.2f})", flush=True)
+    name = f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}"
+    print(f"benchmark: {name} (load average {load:.2f})", flush=True)
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
-        raise UserError(f"{model} {framework} {precision} failed (exit {result.returncode}): "
+        raise UserError(f"{name} failed (exit {result.returncode}): "
                         f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
-    return {"model": model, "framework": framework, "precision": config["precision"],
+    return {"model": model, "framework": framework, "precision": config["precision"], "compiler": compiler,
             "device": config["device"], "median_step_ms": summary["median_step_ms"],
             "samples_per_s": summary["samples_per_s"], "peak_memory_mb": summary["peak_memory_mb"],
             "skipped_steps": summary["skipped_steps"], "load_average_before": load}
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | framework | precision | device | median ms/step | samples/s | speedup vs fp32 "
-             "| peak MB | skipped |", "|" + "---|" * 9]
+    lines = ["| model | framework | precision | compiler | device | median ms/step | samples/s "
+             "| speedup vs fp32 | peak MB | skipped |", "|" + "---|" * 10]
     for row in rows:
         speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
-        lines.append(f"| {row['model']} | {row['framework']} | {row['precision']} | {row['device']} "
+        lines.append(f"| {row['model']} | {row['framework']} | {row['precision']} | {row['compiler']} "
+                     f"| {row['device']} "
                      f"| {row['median_step_ms']:.2f} | {row['samples_per_s']:.0f} | {speedup} "
                      f"| {row['peak_memory_mb']:.0f} | {row['skipped_steps']} |")
     return "\n".join(lines)
@@ -70,6 +77,8 @@ def main(argv=None) -> int:
     parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     parser.add_argument("--precisions", nargs="+", choices=tuple(PRECISION_FLAGS),
                         default=["fp32", "amp-bf16"], help="amp-fp16 is for CUDA (emulated on CPU)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also measure every configuration compiled: PyTorch --compile, TensorFlow --xla")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark"))
@@ -80,14 +89,15 @@ def main(argv=None) -> int:
     rows = []
     for model in args.models:
         for framework in args.frameworks:
-            baseline = None
+            baseline = None  # fp32, not compiled: what every other row is compared with
             for precision in args.precisions:
-                row = measure(model, framework, precision, args)
-                if precision == "fp32":
-                    baseline = row["median_step_ms"]
-                elif baseline:
-                    row["speedup"] = baseline / row["median_step_ms"]
-                rows.append(row)
+                for compiled in (False, True) if args.compiled else (False,):
+                    row = measure(model, framework, precision, compiled, args)
+                    if precision == "fp32" and not compiled:
+                        baseline = row["median_step_ms"]
+                    elif baseline:
+                        row["speedup"] = baseline / row["median_step_ms"]
+                    rows.append(row)
     table = markdown(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     machine = {"platform": platform.platform(), "processor": platform.processor(),

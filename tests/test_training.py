@@ -193,13 +193,22 @@ def test_ctrl_c_checkpoints_the_current_step_and_resume_finishes(tmp_path):
     assert resumed["step"] == step + 4 and not resumed["stopped_early"]
 
 
-@pytest.mark.parametrize("framework, trace_glob", [("pytorch", "trace.json"),
-                                                   ("tensorflow", "**/*.xplane.pb")])
-def test_profile_writes_a_trace(framework, trace_glob, tmp_path):
+@pytest.mark.parametrize("framework, trace_glob, matmul", [("pytorch", "trace.json", "aten::addmm"),
+                                                           ("tensorflow", "**/*.xplane.pb", "MatMul")])
+def test_profile_writes_a_trace_and_a_table_of_top_operations(framework, trace_glob, matmul, tmp_path, capsys):
     out = tmp_path / "run"
     train(framework, out, "--iters", "16", "--profile")
+    stdout = capsys.readouterr().out
     traces = list((out / "profile").glob(trace_glob))
     assert len(traces) == 1 and traces[0].stat().st_size > 1000
+    table = (out / "profile" / "top_ops.txt").read_text()
+    assert table in stdout + "\n"
+    rows = [line.split() for line in table.splitlines()[2:]]
+    calls = {row[0]: float(row[-3]) for row in rows}
+    shares = [float(row[-1].rstrip("%")) for row in rows]
+    # The MLP runs 4 linear layers forward per step (G, D on real, D on fake, D for G's loss)
+    assert calls[matmul] >= 4 and len(rows) >= 5
+    assert shares == sorted(shares, reverse=True) and 50 < sum(shares) <= 100.5
 
 
 def write_png_folder(root, count, size=(12, 12), mode="RGB"):
