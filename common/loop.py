@@ -33,29 +33,32 @@ TOP_OPS = 15  # rows of the profile's operations table
 
 
 class _StopRequest:
-    """First Ctrl-C: finish the current step, checkpoint, exit. Second: stop at once."""
+    """First Ctrl-C (or SIGTERM, as a scheduler or `kill` sends): finish the current step,
+    checkpoint, exit. A second one: stop at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
-        self.requested = False
-        self._previous = None
+        self.requested = None  # the signal number once one arrived
+        self._previous = {}
 
     def __enter__(self):
         try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         except ValueError:  # not the main thread: leave the default behaviour
-            self._previous = None
+            self._previous = {}
         return self
 
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
-        sys.stderr.write("\ninterrupt: finishing this step and saving a checkpoint "
-                         "(Ctrl-C again to quit at once)\n")
+        self.requested = signum
+        sys.stderr.write(f"\n{signal.Signals(signum).name}: finishing this step and saving a "
+                         "checkpoint (Ctrl-C again to quit at once)\n")
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         return False
 
 
@@ -272,7 +275,7 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
     if stopped_early:
         log(f"stopped at step {step}, checkpoint saved; continue with the same command "
             "and --resume")
-        sys.exit(130)  # the shell's status for a Ctrl-C
+        sys.exit(128 + stop.requested)  # the shell's status for that signal: 130 for Ctrl-C
     elif median_ms is not None:
         log(f"done: step {step}, median {median_ms:.2f} ms/step "
             f"({summary['samples_per_s']:.0f} samples/s), peak memory "

@@ -24,7 +24,7 @@ from pathlib import Path
 from common.config import FRAMEWORKS, MODELS, REPO, script_path
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
-from common.runs import atomic_write
+from common.runs import RunFolder, atomic_write
 
 DATASETS = {"vanilla_gan": ("mnist", "ring8", "grid25"), "lsgan": ("mnist", "ring8", "grid25"),
             "dcgan": ("mnist",), "vanilla_vae": ("mnist",)}
@@ -61,7 +61,8 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                 if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
                     evaluate_run(folder, args.samples, args.iwae_k)
                 return json.loads(summary_path.read_text())
-            extra = ["--resume"]
+            # A run stopped before its first checkpoint has nothing to resume: start it over.
+            extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
     command = [sys.executable, str(script_path(model, framework)), "--out", str(folder),
                "--dataset", dataset, "--evaluate", str(args.samples), *extra,
                *(["--amp"] if amp else []), *(["--iters", str(args.iters)] if args.iters else []),

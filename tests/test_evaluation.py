@@ -3,6 +3,7 @@ with known answers), --evaluate at the end of training, and scripts/evaluate.py 
 runs of both frameworks."""
 import json
 import math
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -139,6 +140,15 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     capsys.readouterr()
     assert quality_table.main(argv) == 0  # everything reused: nothing trained or measured again
     assert summary.stat().st_mtime_ns == before and "quality_table: " not in capsys.readouterr().out
+
+    # A run killed before its first checkpoint has nothing to resume: it is trained again.
+    killed = tmp_path / "vanilla_gan" / "ring8" / "pytorch-amp"
+    shutil.rmtree(killed / "checkpoints")
+    (killed / "summary.json").unlink()
+    assert quality_table.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("quality_table: ") == 1 and f"--out {killed} --dataset ring8" in out and "--overwrite" in out
+    assert json.loads((killed / "summary.json").read_text())["step"] == 4
 
     # --table-only trains nothing: DCGAN, never run here, is left out of the table
     assert quality_table.main([*argv, "--models", "vanilla_gan", "dcgan", "--table-only"]) == 0

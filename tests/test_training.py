@@ -2,6 +2,7 @@
 shared fixed noise, bit-exact resume, and refusing to clobber or mis-resume a run."""
 import json
 import math
+import signal
 
 import numpy as np
 import pytest
@@ -161,8 +162,8 @@ def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
     assert summarize_runs.main([str(tmp_path / "empty")]) == 1
 
 
-def test_ctrl_c_checkpoints_the_current_step_and_resume_finishes(tmp_path):
-    import signal
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_checkpoints_the_current_step_and_resume_finishes(signum, tmp_path):
     import subprocess
     import sys
     import time
@@ -179,9 +180,9 @@ def test_ctrl_c_checkpoints_the_current_step_and_resume_finishes(tmp_path):
         assert process.poll() is None, process.communicate()[1]
         assert time.monotonic() < deadline, "training did not start"
         time.sleep(0.1)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    assert process.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr and "checkpoint saved" in stdout
     (step, checkpoint), = RunFolder(out).list_checkpoints()
     assert 0 < step < 200000 and checkpoint.exists()
