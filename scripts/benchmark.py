@@ -5,7 +5,8 @@ peak memory for every model x framework x precision, each configuration in a fre
     python scripts/benchmark.py --models dcgan --iters 300        # one model
     python scripts/benchmark.py --precisions fp32 amp-fp16 amp-bf16   # on CUDA: both 16-bit types
     python scripts/benchmark.py --compiled                        # also torch.compile / XLA rows
-    python scripts/benchmark.py --workers 2 --out runs/benchmark-workers   # the host loader
+    python scripts/benchmark.py --models vanilla_gan --repeat 3   # median of 3 runs, with the range
+    python scripts/benchmark.py --workers 2                       # also rows with the host loader
 
 A configuration is the model's own script run with `--iters N --log-every W` and no sampling
 or checkpointing until the end; its summary.json gives the median of the per-interval step
@@ -34,15 +35,17 @@ PRECISION_FLAGS = {"fp32": [], "amp-bf16": ["--amp", "--amp-dtype", "bfloat16"],
 COMPILERS = {"pytorch": ("torch.compile", "--compile"), "tensorflow": ("XLA", "--xla")}
 
 
-def measure(model: str, framework: str, precision: str, compiled: bool, args) -> dict:
+def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, args) -> dict:
     compiler, compiler_flag = COMPILERS[framework] if compiled else ("-", None)
-    folder = args.out / model / f"{framework}-{precision}{'-compiled' if compiled else ''}"
+    loader = f"{workers} workers" if workers else "resident"
+    folder = args.out / model / (f"{framework}-{precision}{'-compiled' if compiled else ''}"
+                                 f"{f'-workers{workers}' if workers else ''}")
     command = [sys.executable, str(script_path(model, framework)), "--out", str(folder), "--overwrite",
                "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
                "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
-               *args.flags]
+               "--workers", str(workers), *args.flags]
     load = os.getloadavg()[0]
-    name = f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}"
+    name = f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}{f' {loader}' if workers else ''}"
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
@@ -51,19 +54,22 @@ def measure(model: str, framework: str, precision: str, compiled: bool, args) ->
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     return {"model": model, "framework": framework, "precision": config["precision"], "compiler": compiler,
+            "data": loader,
             "device": config["device"], "median_step_ms": summary["median_step_ms"],
             "samples_per_s": summary["samples_per_s"], "peak_memory_mb": summary["peak_memory_mb"],
             "skipped_steps": summary["skipped_steps"], "load_average_before": load}
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | framework | precision | compiler | device | median ms/step | samples/s "
-             "| speedup vs fp32 | peak MB | skipped |", "|" + "---|" * 10]
+    lines = ["| model | framework | precision | compiler | data | device | median ms/step | samples/s "
+             "| speedup vs fp32 | peak MB | skipped |", "|" + "---|" * 11]
     for row in rows:
         speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
+        runs = row["step_ms_runs"]
+        spread = f" ({runs[0]:.2f}-{runs[-1]:.2f})" if len(runs) > 1 else ""
         lines.append(f"| {row['model']} | {row['framework']} | {row['precision']} | {row['compiler']} "
-                     f"| {row['device']} "
-                     f"| {row['median_step_ms']:.2f} | {row['samples_per_s']:.0f} | {speedup} "
+                     f"| {row['data']} | {row['device']} "
+                     f"| {row['median_step_ms']:.2f}{spread} | {row['samples_per_s']:.0f} | {speedup} "
                      f"| {row['peak_memory_mb']:.0f} | {row['skipped_steps']} |")
     return "\n".join(lines)
 
@@ -79,25 +85,37 @@ def main(argv=None) -> int:
                         default=["fp32", "amp-bf16"], help="amp-fp16 is for CUDA (emulated on CPU)")
     parser.add_argument("--compiled", action="store_true",
                         help="also measure every configuration compiled: PyTorch --compile, TensorFlow --xla")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per configuration, round robin; the table gives the median run and the range")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="also measure every configuration with the host loader of N workers")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark"))
     args, args.flags = parser.parse_known_args(argv)
+    if args.repeat < 1 or args.workers < 0:
+        raise UsageError("--repeat must be at least 1 and --workers at least 0")
     if args.iters < 2 * args.log_every or args.log_every < 1:
         raise UsageError("--iters must cover at least two --log-every intervals "
                          "(the first is warm-up and not counted)")
-    rows = []
-    for model in args.models:
-        for framework in args.frameworks:
-            baseline = None  # fp32, not compiled: what every other row is compared with
-            for precision in args.precisions:
-                for compiled in (False, True) if args.compiled else (False,):
-                    row = measure(model, framework, precision, compiled, args)
-                    if precision == "fp32" and not compiled:
-                        baseline = row["median_step_ms"]
-                    elif baseline:
-                        row["speedup"] = baseline / row["median_step_ms"]
-                    rows.append(row)
+    configurations = [(model, framework, precision, compiled, workers)
+                      for model in args.models for framework in args.frameworks
+                      for precision in args.precisions
+                      for compiled in ((False, True) if args.compiled else (False,))
+                      for workers in ((0, args.workers) if args.workers else (0,))]
+    runs = {configuration: [] for configuration in configurations}
+    for _ in range(args.repeat):  # round robin: a slow spell of the machine hits every configuration
+        for configuration in configurations:
+            runs[configuration].append(measure(*configuration, args))
+    rows, baselines = [], {}
+    for (model, framework, precision, compiled, workers), measured in runs.items():
+        measured = sorted(measured, key=lambda row: row["median_step_ms"])
+        row = {**measured[len(measured) // 2], "step_ms_runs": [r["median_step_ms"] for r in measured]}
+        if precision == "fp32" and not compiled and not workers:  # what this model/framework's rows are compared with
+            baselines[model, framework] = row["median_step_ms"]
+        elif (model, framework) in baselines:
+            row["speedup"] = baselines[model, framework] / row["median_step_ms"]
+        rows.append(row)
     table = markdown(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     machine = {"platform": platform.platform(), "processor": platform.processor(),
