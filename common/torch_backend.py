@@ -416,6 +416,7 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer, data: DeviceData, log=print) 
     if cfg.compile:
         for module in trainer.modules.values():
             # In place (nn.Module.compile): state_dict keys, hence checkpoints and porting, stay
-            # as they are. Static shapes: one graph per batch shape and train/no-grad mode.
+            # as they are. Static shapes: one graph per input shape (sampling and evaluation run
+            # eagerly, see Session._inference).
             module.compile(dynamic=False)
     return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)
