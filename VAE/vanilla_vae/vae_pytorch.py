@@ -152,7 +152,6 @@ class VAE:
                                           value_range=hparams.PIXEL_RANGE)
 
 
-
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("vanilla_vae", "pytorch", hparams.DEFAULTS, argv)

@@ -134,7 +134,6 @@ class VAE:
                                           value_range=hparams.PIXEL_RANGE)
 
 
-
 @exit_on_user_error
 def main(argv=None):
     cfg = parse_args("vanilla_vae", "tensorflow", hparams.DEFAULTS, argv)
