@@ -1,8 +1,17 @@
 """A small MNIST classifier whose penultimate layer stands in for Inception in FID and
-precision/recall (PyTorch). Inception weights cannot be downloaded here; this net is trained
-by scripts/train_feature_net.py and its weights are committed in common/assets/, so every run
-measures with the same features. Numbers computed with it are comparable only with numbers
-computed with it, never with published Inception FIDs.
+precision/recall, run in numpy. Inception weights cannot be downloaded here; this net is
+trained (in PyTorch) by scripts/train_feature_net.py and its weights are committed in
+common/assets/, so every run measures with the same features. Numbers computed with it are
+comparable only with numbers computed with it, never with published Inception FIDs.
+
+Why numpy: scoring a run, PyTorch or TensorFlow, should import neither framework, so the
+forward pass is written here in numpy (im2col convolutions, float32) from the same weights
+file. It matches the PyTorch definition in scripts/train_feature_net.py to float32 rounding
+(tests/test_feature_net.py checks both on real MNIST).
+
+The network: conv 5x5 (1 -> 32) + ReLU + 2x2 max-pool, conv 5x5 (32 -> 64) + ReLU + 2x2
+max-pool, flatten in PyTorch's (C, H, W) order, fc 1024 -> 128 + ReLU (the features), fc
+128 -> 10 (the class logits). Convolutions are cross-correlations, as PyTorch's Conv2d.
 
 Input: 28x28x1 images, NHWC, either uint8 pixels (0..255) or floats in [0, 1]. Generators that
 emit tanh-range images must be mapped to [0, 1] first ((x + 1) / 2); to_network_input refuses
@@ -16,8 +25,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch import nn
 
 from common.errors import CheckpointError
 
@@ -27,32 +34,72 @@ FEATURE_DIM = 128
 NUM_CLASSES = 10
 RETRAIN = "python scripts/train_feature_net.py"
 _RANGE_SLACK = 1e-3  # floats from a sigmoid or a resize may stray this far outside [0, 1]
+KERNEL = 5  # both convolutions are 5x5, unpadded, stride 1
+# Images per im2col pass: the working set (about 20 MB) then stays in cache, which made the
+# forward pass twice as fast as 500 at a time; it also bounds memory whatever the batch size.
+_IMAGES_PER_PASS = 64
+
+# The arrays of the weights file: PyTorch's state_dict names and shapes, in its order (the
+# training script saves the state_dict as it is; Conv2d weights are (out, in, kh, kw)).
+WEIGHT_SHAPES = {
+    "conv1.weight": (32, 1, KERNEL, KERNEL), "conv1.bias": (32,),  # 28 -> 24, pooled to 12
+    "conv2.weight": (64, 32, KERNEL, KERNEL), "conv2.bias": (64,),  # 12 -> 8, pooled to 4
+    "fc1.weight": (FEATURE_DIM, 64 * 4 * 4), "fc1.bias": (FEATURE_DIM,),
+    "fc2.weight": (NUM_CLASSES, FEATURE_DIM), "fc2.bias": (NUM_CLASSES,),
+}
 
 
-class MnistFeatureNet(nn.Module):
-    """LeNet-style classifier: two 5x5 conv + max-pool blocks, a 128-unit ReLU layer (the
-    features), and a linear layer to 10 class logits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, kernel_size=5)  # 28 -> 24, pooled to 12
-        self.conv2 = nn.Conv2d(32, 64, kernel_size=5)  # 12 -> 8, pooled to 4
-        self.fc1 = nn.Linear(64 * 4 * 4, FEATURE_DIM)
-        self.fc2 = nn.Linear(FEATURE_DIM, NUM_CLASSES)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, 1, 28, 28) in [0, 1] -> (N, 128) post-ReLU activations of the feature layer."""
-        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
-        return torch.relu(self.fc1(x.flatten(1)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.features(x))
+def _conv_max_pool_relu(images: np.ndarray, kernel_matrix: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Unpadded KERNELxKERNEL convolution, ReLU and 2x2 max-pool of NHWC float32 images, as im2col
+    + one matmul. kernel_matrix is (KERNEL * KERNEL * in_channels, out_channels) in (kh, kw, in)
+    order, the order in which the windows below are flattened."""
+    count, height, width, channels = images.shape
+    out_height, out_width = height - KERNEL + 1, width - KERNEL + 1
+    # (N, out_h, out_w, C, kh, kw) view -> (kh, kw, C) rows: C innermost keeps the copy contiguous
+    windows = np.lib.stride_tricks.sliding_window_view(images, (KERNEL, KERNEL), axis=(1, 2))
+    columns = windows.transpose(0, 1, 2, 4, 5, 3).reshape(count * out_height * out_width, -1)
+    maps = (columns @ kernel_matrix).reshape(count, out_height, out_width, -1)
+    pooled = np.maximum(np.maximum(maps[:, 0::2, 0::2], maps[:, 0::2, 1::2]),
+                        np.maximum(maps[:, 1::2, 0::2], maps[:, 1::2, 1::2]))
+    # Bias and ReLU after the pool, on a quarter of the values: adding a per-channel constant
+    # and ReLU are monotone, so max-pool commutes with both, exactly even in float32.
+    return np.maximum(pooled + bias, 0.0)
 
 
-def to_network_input(images: np.ndarray) -> torch.Tensor:
+class FeatureNet:
+    """The forward pass of the PyTorch MnistFeatureNet (scripts/train_feature_net.py) in numpy,
+    float32, from its state_dict arrays (names and shapes as in WEIGHT_SHAPES)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        weights = {name: np.asarray(arrays[name], dtype=np.float32) for name in WEIGHT_SHAPES}
+        # (out, in, kh, kw) kernels -> (kh * kw * in, out) matrices, matching the im2col rows.
+        # No flip: PyTorch's Conv2d is a cross-correlation, and so is the im2col product.
+        self.conv1_matrix = np.ascontiguousarray(weights["conv1.weight"].transpose(2, 3, 1, 0).reshape(-1, 32))
+        self.conv2_matrix = np.ascontiguousarray(weights["conv2.weight"].transpose(2, 3, 1, 0).reshape(-1, 64))
+        self.conv1_bias, self.conv2_bias = weights["conv1.bias"], weights["conv2.bias"]
+        self.fc1_matrix, self.fc1_bias = np.ascontiguousarray(weights["fc1.weight"].T), weights["fc1.bias"]
+        self.fc2_matrix, self.fc2_bias = np.ascontiguousarray(weights["fc2.weight"].T), weights["fc2.bias"]
+
+    def features(self, pixels: np.ndarray) -> np.ndarray:
+        """(N, 1, 28, 28) float32 in [0, 1] (to_network_input) -> (N, 128) float32 post-ReLU
+        activations of the feature layer."""
+        if len(pixels) > _IMAGES_PER_PASS:
+            return np.concatenate([self.features(pixels[start:start + _IMAGES_PER_PASS])
+                                   for start in range(0, len(pixels), _IMAGES_PER_PASS)])
+        images = pixels.transpose(0, 2, 3, 1)  # NHWC inside: channels innermost for the im2col rows
+        images = _conv_max_pool_relu(images, self.conv1_matrix, self.conv1_bias)  # (N, 12, 12, 32)
+        images = _conv_max_pool_relu(images, self.conv2_matrix, self.conv2_bias)  # (N, 4, 4, 64)
+        flat = images.transpose(0, 3, 1, 2).reshape(len(images), -1)  # (C, H, W), as fc1 was trained on
+        return np.maximum(flat @ self.fc1_matrix + self.fc1_bias, 0.0)
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        """(N, 128) features -> (N, 10) float32 class logits."""
+        return features @ self.fc2_matrix + self.fc2_bias
+
+
+def to_network_input(images: np.ndarray) -> np.ndarray:
     """The one place images become network input: NHWC uint8 (0..255) or float ([0, 1]) ->
-    float32 NCHW tensor in [0, 1]."""
+    contiguous float32 NCHW array in [0, 1]."""
     images = np.asarray(images)
     if images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
         raise ValueError(f"the feature net takes NHWC images of shape (N, 28, 28, 1), got {images.shape}; "
@@ -67,60 +114,51 @@ def to_network_input(images: np.ndarray) -> torch.Tensor:
         pixels = np.clip(images, 0.0, 1.0).astype(np.float32)
     else:
         raise ValueError(f"images must be uint8 or float, got {images.dtype}")
-    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(0, 3, 1, 2)))
+    return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))
 
 
-def state_to_arrays(net: MnistFeatureNet) -> dict[str, np.ndarray]:
-    """The weights as plain float32 arrays, the format of the committed .npz file."""
-    return {name: tensor.detach().cpu().numpy().astype(np.float32) for name, tensor in net.state_dict().items()}
-
-
-def load_feature_net(path: str | Path = DEFAULT_WEIGHTS) -> MnistFeatureNet:
-    """The trained feature net in eval mode on the CPU; CheckpointError naming the fix if the
-    weights file is missing, corrupt or from a different architecture."""
+def load_feature_net(path: str | Path = DEFAULT_WEIGHTS) -> FeatureNet:
+    """The trained feature net; CheckpointError naming the fix if the weights file is missing,
+    corrupt or from a different architecture."""
     path = Path(path)
-    net = MnistFeatureNet()
-    expected = {name: tuple(tensor.shape) for name, tensor in net.state_dict().items()}
     try:
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files if name in expected}
+            arrays = {name: archive[name] for name in archive.files if name in WEIGHT_SHAPES}
     except FileNotFoundError:
         raise CheckpointError(f"feature net weights {path} do not exist; create them with {RETRAIN}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise CheckpointError(f"feature net weights {path} are unreadable ({reason}); "
                               f"recreate them with {RETRAIN}") from None
-    problems = [f"{name} missing" for name in expected if name not in arrays]
+    problems = [f"{name} missing" for name in WEIGHT_SHAPES if name not in arrays]
     problems += [f"{name} has shape {arrays[name].shape}, expected {shape}"
-                 for name, shape in expected.items() if name in arrays and arrays[name].shape != shape]
+                 for name, shape in WEIGHT_SHAPES.items() if name in arrays and arrays[name].shape != shape]
     problems += [f"{name} is not finite" for name, array in arrays.items()
                  if not np.issubdtype(array.dtype, np.floating) or not np.isfinite(array).all()]
     if problems:
         raise CheckpointError(f"feature net weights {path} do not fit the network ({'; '.join(problems[:3])}); "
                               f"recreate them with {RETRAIN}")
-    net.load_state_dict({name: torch.from_numpy(np.asarray(array, dtype=np.float32)) for name, array in arrays.items()})
-    return net.eval()
+    return FeatureNet(arrays)
 
 
 @functools.lru_cache(maxsize=1)
-def _default_net() -> MnistFeatureNet:
+def _default_net() -> FeatureNet:
     return load_feature_net(DEFAULT_WEIGHTS)
 
 
 def features_and_logits(images: np.ndarray, batch_size: int = 500,
-                        net: MnistFeatureNet | None = None) -> tuple[np.ndarray, np.ndarray]:
+                        net: FeatureNet | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(N, 128) features for FID and precision/recall and (N, 10) class logits for class
     coverage, both float64, of NHWC images (see to_network_input for the accepted ranges).
-    Uses the committed weights unless net is given."""
+    Uses the committed weights unless net is given; batch_size images are converted at a time."""
     net = _default_net() if net is None else net
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     features, logits = [], []
-    with torch.no_grad():
-        for start in range(0, len(images), batch_size):
-            batch_features = net.features(to_network_input(images[start:start + batch_size]))
-            features.append(batch_features.numpy().astype(np.float64))
-            logits.append(net.fc2(batch_features).numpy().astype(np.float64))
+    for start in range(0, len(images), batch_size):
+        batch_features = net.features(to_network_input(images[start:start + batch_size]))
+        features.append(batch_features.astype(np.float64))
+        logits.append(net.logits(batch_features).astype(np.float64))
     if not features:
         return np.empty((0, FEATURE_DIM)), np.empty((0, NUM_CLASSES))
     return np.concatenate(features), np.concatenate(logits)

@@ -2,6 +2,10 @@
 
     python scripts/train_feature_net.py
 
+The only place the net exists in PyTorch: common/feature_net.py runs the same forward pass in
+numpy from the saved arrays (so that scoring a run imports no framework), and
+tests/test_feature_net.py checks that the two agree.
+
 Reproducible: fixed seed, deterministic algorithms, CPU, one thread. Trains on the 60,000
 MNIST training images (the embedded copy), reports accuracy on all 10,000 test images, and
 writes common/assets/mnist_feature_net.npz (plain float32 arrays) atomically. Exits with status
@@ -15,15 +19,51 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
+
 import numpy as np
 import torch
+from torch import nn
 
 from common import data as datasets
 from common.errors import UserError, exit_on_user_error
-from common.feature_net import DEFAULT_WEIGHTS, MnistFeatureNet, state_to_arrays, to_network_input
+from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
 from common.runs import atomic_write
 
 MIN_TEST_ACCURACY = 0.99
+
+
+class MnistFeatureNet(nn.Module):
+    """LeNet-style classifier: two 5x5 conv + max-pool blocks, a 128-unit ReLU layer (the
+    features), and a linear layer to 10 class logits. Its state_dict names and shapes are the
+    weights file's format (common.feature_net.WEIGHT_SHAPES); change both together."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, kernel_size=5)  # 28 -> 24, pooled to 12
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=5)  # 12 -> 8, pooled to 4
+        self.fc1 = nn.Linear(64 * 4 * 4, FEATURE_DIM)
+        self.fc2 = nn.Linear(FEATURE_DIM, NUM_CLASSES)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, 1, 28, 28) in [0, 1] -> (N, 128) post-ReLU activations of the feature layer."""
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return torch.relu(self.fc1(x.flatten(1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.features(x))
+
+
+def network_input_tensor(images: np.ndarray) -> torch.Tensor:
+    """NHWC uint8 or [0, 1] float images -> float32 NCHW tensor in [0, 1], with the numpy net's
+    own conversion and checks (common.feature_net.to_network_input), so both see the same pixels."""
+    return torch.from_numpy(to_network_input(images))
+
+
+def state_to_arrays(net: MnistFeatureNet) -> dict[str, np.ndarray]:
+    """The weights as plain float32 arrays, the format of the committed .npz file."""
+    return {name: tensor.detach().cpu().numpy().astype(np.float32) for name, tensor in net.state_dict().items()}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,7 +84,7 @@ def accuracy(net: MnistFeatureNet, images: np.ndarray, labels: np.ndarray, batch
     correct = 0
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
-            logits = net(to_network_input(images[start:start + batch_size]))
+            logits = net(network_input_tensor(images[start:start + batch_size]))
             correct += int((logits.argmax(dim=1).numpy() == labels[start:start + batch_size]).sum())
     return correct / len(images)
 
@@ -55,7 +95,7 @@ def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, float]:
     order_rng = np.random.default_rng(args.seed)
     train_set = datasets.load_dataset("mnist", split="train")
     test_set = datasets.load_dataset("mnist", split="test")
-    inputs, labels = to_network_input(train_set.x), torch.from_numpy(train_set.y)
+    inputs, labels = network_input_tensor(train_set.x), torch.from_numpy(train_set.y)
     net = MnistFeatureNet()
     optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
     for epoch in range(args.epochs):

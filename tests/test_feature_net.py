@@ -1,5 +1,11 @@
-"""The committed MNIST feature net: it classifies, its features are stable, and a bad weights
-file is a one-line CheckpointError."""
+"""The committed MNIST feature net: it classifies, its features are stable, its numpy forward
+pass is the PyTorch net it was trained as, it imports no framework, and a bad weights file is a
+one-line CheckpointError."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,6 +13,8 @@ import pytest
 from common import data as datasets
 from common import feature_net
 from common.errors import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +74,9 @@ def test_truncated_weights_file_is_a_checkpoint_error(tmp_path):
 
 
 def test_weights_of_another_architecture_are_a_checkpoint_error(tmp_path):
-    arrays = feature_net.state_to_arrays(feature_net.MnistFeatureNet())
+    from scripts.train_feature_net import MnistFeatureNet, state_to_arrays
+
+    arrays = state_to_arrays(MnistFeatureNet())
     arrays["fc1.weight"] = arrays["fc1.weight"][:64]
     del arrays["fc2.bias"]
     path = tmp_path / "other.npz"
@@ -80,3 +90,48 @@ def test_pickled_arrays_are_refused(tmp_path):
     np.savez(path, **{"conv1.weight": np.array([object()], dtype=object)})
     with pytest.raises(CheckpointError, match="unreadable"):
         feature_net.load_feature_net(path)
+
+
+def test_weights_file_format_is_the_pytorch_state_dict():
+    from scripts.train_feature_net import MnistFeatureNet, state_to_arrays
+
+    arrays = state_to_arrays(MnistFeatureNet())
+    assert {name: array.shape for name, array in arrays.items()} == feature_net.WEIGHT_SHAPES
+    assert list(arrays) == list(feature_net.WEIGHT_SHAPES)
+
+
+def test_numpy_forward_pass_equals_the_pytorch_net(test_images):
+    """Also the layout check: flattening (H, W, C) instead of PyTorch's (C, H, W), flipping a
+    kernel (convolution instead of PyTorch's cross-correlation) or swapping its kh and kw all
+    move the features far beyond this tolerance (each was tried on purpose)."""
+    import torch
+
+    from scripts.train_feature_net import MnistFeatureNet, network_input_tensor
+
+    images = test_images.x[:500]
+    torch_net = MnistFeatureNet()
+    with np.load(feature_net.DEFAULT_WEIGHTS) as archive:
+        torch_net.load_state_dict({name: torch.from_numpy(archive[name]) for name in feature_net.WEIGHT_SHAPES})
+    with torch.no_grad():
+        torch_features = torch_net.eval().features(network_input_tensor(images))
+        torch_logits = torch_net.fc2(torch_features)
+    features, logits = feature_net.features_and_logits(images)
+    np.testing.assert_allclose(features, torch_features.numpy(), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(logits, torch_logits.numpy(), rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(logits.argmax(axis=1), torch_logits.numpy().argmax(axis=1))
+    assert features.std() > 0.5  # real activations, not a degenerate all-zero agreement
+
+
+def test_scoring_imports_no_deep_learning_framework():
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import common.feature_net
+        images = np.random.default_rng(0).integers(0, 256, (8, 28, 28, 1), dtype=np.uint8)
+        features, logits = common.feature_net.features_and_logits(images)
+        assert features.shape == (8, 128) and logits.shape == (8, 10)
+        print(sorted(name for name in ("torch", "tensorflow", "keras") if name in sys.modules))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
