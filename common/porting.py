@@ -1,5 +1,6 @@
-"""Copy weights between a PyTorch network and its Keras twin, in either direction, and keep
-them in a file either framework can read.
+"""Weights that cross between the frameworks: the neutral form both read, the weights file
+that holds it, and --init-from. The framework halves (common/pytorch/porting.py,
+common/tensorflow/porting.py) turn a network's weights into the neutral form and back.
 
 The twins are built layer for layer alike, so their parametric layers pair up in order:
     Linear (out, in)                 <-> Dense kernel (in, out)               transpose
@@ -12,11 +13,10 @@ Linear of D or of the VAE encoder) or produces one (the last Linear of G or of t
 the flattened axis is reordered from (C, H, W) to (H, W, C). For one channel the two orders
 coincide.
 
-The neutral form in between is Keras': per network, a list of (layer kind, arrays as Keras'
+The neutral form is Keras': per network, a list of (layer kind, arrays as Keras'
 `get_weights()` returns them). A weights file (`save_weights`/`load_weights`, a plain .npz)
 holds that form for every network of a model, which is how `--init-from` starts a run of one
-framework from the initial weights of a run of the other. TensorFlow processes import this
-file too, so torch is imported only inside the functions that handle PyTorch modules.
+framework from the initial weights of a run of the other.
 """
 from __future__ import annotations
 
@@ -28,123 +28,19 @@ import numpy as np
 from common.errors import CheckpointError
 from common.runs import atomic_write
 
-KERAS_KIND = {"Linear": "Dense", "Conv2d": "Conv2D", "ConvTranspose2d": "Conv2DTranspose",
-              "BatchNorm2d": "BatchNormalization"}
 WEIGHTS_FORMAT = 1
 
 LayerWeights = tuple[str, list[np.ndarray]]  # (Keras layer kind, arrays in Keras layout)
 
 
-# --- Keras side: the neutral form is Keras' own ---------------------------------------------
-def keras_layers(model) -> list:
-    return [layer for layer in model.layers if layer.weights]
-
-
-def keras_export(model) -> list[LayerWeights]:
-    return [(type(layer).__name__, [np.asarray(v) for v in layer.get_weights()])
-            for layer in keras_layers(model)]
-
-
-def keras_import(model, layers: list[LayerWeights]) -> None:
-    targets = keras_layers(model)
-    _check_kinds([kind for kind, _ in layers], [type(t).__name__ for t in targets])
-    for index, (target, (kind, values)) in enumerate(zip(targets, layers)):
-        expected = [tuple(w.shape) for w in target.weights]
-        if expected != [v.shape for v in values]:
-            raise ValueError(f"layer {index} ({kind}): shapes {[v.shape for v in values]}, "
-                             f"the model has {expected}")
-        target.set_weights(values)
-
-
-# --- PyTorch side ----------------------------------------------------------------------------
-def _torch_layers(module) -> list:
-    return [m for m in module.modules() if type(m).__name__ in KERAS_KIND]
-
-
-def _hwc_order(image_shape_hwc) -> np.ndarray | None:
-    """Keras flat position j holds PyTorch flat position order[j]; None when they agree."""
-    if image_shape_hwc is None or len(image_shape_hwc) != 3 or image_shape_hwc[-1] == 1:
-        return None
-    height, width, channels = image_shape_hwc
-    return np.arange(channels * height * width).reshape(channels, height, width) \
-        .transpose(1, 2, 0).reshape(-1)
-
-
-def torch_export(module, image_shape_hwc=None) -> list[LayerWeights]:
-    """Every weight and batch-norm statistic of `module`, in the neutral (Keras) layout."""
-    order = _hwc_order(image_shape_hwc)
-    flat = None if order is None else order.size
-    numpy = lambda tensor: tensor.detach().cpu().float().numpy()
-    layers = []
-    for layer in _torch_layers(module):
-        kind = type(layer).__name__
-        if kind == "Linear":
-            kernel, bias = numpy(layer.weight).T, numpy(layer.bias)
-            if flat and kernel.shape[0] == flat:       # flattens an image
-                kernel = kernel[order]
-            if flat and kernel.shape[1] == flat:       # produces an image
-                kernel, bias = kernel[:, order], bias[order]
-            values = [kernel, bias]
-        elif kind == "BatchNorm2d":
-            values = [numpy(layer.weight), numpy(layer.bias),
-                      numpy(layer.running_mean), numpy(layer.running_var)]
-        else:  # Conv2d and ConvTranspose2d share the permutation
-            values = [numpy(layer.weight).transpose(2, 3, 1, 0)]
-            if layer.bias is not None:
-                values.append(numpy(layer.bias))
-        layers.append((KERAS_KIND[kind], [np.ascontiguousarray(v) for v in values]))
-    return layers
-
-
-def torch_import(module, layers: list[LayerWeights], image_shape_hwc=None) -> None:
-    """Load neutral-layout weights into `module` (exactly: float32 values are copied)."""
-    import torch
-
-    targets = _torch_layers(module)
-    _check_kinds([kind for kind, _ in layers], [KERAS_KIND[type(t).__name__] for t in targets])
-    order = _hwc_order(image_shape_hwc)
-    inverse = None if order is None else np.argsort(order)
-    flat = None if order is None else order.size
-    with torch.no_grad():
-        for layer, (kind, values) in zip(targets, layers):
-            if kind == "Dense":
-                kernel, bias = values
-                if flat and kernel.shape[0] == flat:
-                    kernel = kernel[inverse]
-                if flat and kernel.shape[1] == flat:
-                    kernel, bias = kernel[:, inverse], bias[inverse]
-                pairs = [(layer.weight, kernel.T), (layer.bias, bias)]
-            elif kind == "BatchNormalization":
-                pairs = list(zip((layer.weight, layer.bias, layer.running_mean, layer.running_var),
-                                 values))
-            else:
-                pairs = [(layer.weight, values[0].transpose(3, 2, 0, 1))]
-                if layer.bias is not None:
-                    pairs.append((layer.bias, values[1]))
-            for target, value in pairs:
-                if tuple(target.shape) != value.shape:
-                    raise ValueError(f"{type(layer).__name__}: PyTorch shape "
-                                     f"{tuple(target.shape)}, the weights give {value.shape}")
-                target.copy_(torch.from_numpy(np.ascontiguousarray(value)))
-
-
-def _check_kinds(given: list[str], expected: list[str]) -> None:
+def check_kinds(given: list[str], expected: list[str]) -> None:
+    """The layer kinds of saved weights against a network's: the same list, or a ValueError."""
     if len(given) != len(expected):
         raise ValueError(f"{len(given)} layers with weights but the model has {len(expected)}: "
                          "not twins")
     for index, (have, want) in enumerate(zip(given, expected)):
         if have != want:
             raise ValueError(f"layer {index}: the model's {want} cannot take {have} weights")
-
-
-def torch_to_keras(module, model, image_shape_hwc=None) -> None:
-    """Copy every weight and batch-norm statistic of `module` into its Keras twin `model`."""
-    keras_import(model, torch_export(module, image_shape_hwc))
-
-
-def keras_to_torch(model, module, image_shape_hwc=None) -> None:
-    """Copy every weight and batch-norm statistic of the Keras `model` into `module`."""
-    torch_import(module, keras_export(model), image_shape_hwc)
 
 
 # --- weights files ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -41,6 +42,20 @@ def atomic_write(path: Path, write) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class Checkpoints(Protocol):
+    """A framework's checkpoints of a run (common/pytorch/checkpoint.py,
+    common/tensorflow/checkpoint.py): the whole training state in one file."""
+
+    suffix: str  # "pt" | "npz"
+
+    def save(self, path: Path, meta: dict) -> None:
+        """Write atomically; `meta` holds the step and the skipped-step count."""
+
+    def restore(self, path: Path) -> dict:
+        """Load the state; returns the meta it was saved with. One CheckpointError line for
+        a file that is unreadable or does not fit the model."""
 
 
 class RunFolder:

@@ -26,7 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import FRAMEWORKS, MODELS, REPO, script_path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
+
+from common import models
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.runs import atomic_write
 
@@ -40,14 +42,14 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     loader = f"{workers} workers" if workers else "resident"
     folder = args.out / model / (f"{framework}-{precision}{'-compiled' if compiled else ''}"
                                  f"{f'-workers{workers}' if workers else ''}")
-    command = [sys.executable, str(script_path(model, framework)), "--out", str(folder), "--overwrite",
+    command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder), "--overwrite",
                "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
                "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
                "--workers", str(workers), *args.flags]
     load = os.getloadavg()[0]
     name = f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}{f' {loader}' if workers else ''}"
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=models.REPO, capture_output=True, text=True)
     if result.returncode != 0:
         raise UserError(f"{name} failed (exit {result.returncode}): "
                         f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
@@ -79,8 +81,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="Other flags (--batch-size, --device, --dataset, ...) "
                                             "go to every configuration.")
-    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
-    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    parser.add_argument("--models", nargs="+", choices=models.NAMES, default=list(models.MODELS))
+    parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--precisions", nargs="+", choices=tuple(PRECISION_FLAGS),
                         default=["fp32", "amp-bf16"], help="amp-fp16 is for CUDA (emulated on CPU)")
     parser.add_argument("--compiled", action="store_true",
@@ -93,6 +95,7 @@ def main(argv=None) -> int:
     parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark"))
     args, args.flags = parser.parse_known_args(argv)
+    args.models = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
     if args.repeat < 1 or args.workers < 0:
         raise UsageError("--repeat must be at least 1 and --workers at least 0")
     if args.iters < 2 * args.log_every or args.log_every < 1:

@@ -22,17 +22,17 @@ steps, final losses, and quality metrics once a run has them) and report.md with
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from common import report
-from common.config import FRAMEWORKS, MODELS, REPO, RESUME_KEYS, parse_args, resolve_precision, script_path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
+
+from common import models, report
+from common.config import RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error
 
-ALIASES = {"gan": "vanilla_gan", "vae": "vanilla_vae"}
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype")
 
@@ -52,9 +52,9 @@ class Plan:
                  device: str):
         self.framework = framework
         self.flags = [*flags, *(["--amp"] if amp else [])]
-        hparams = importlib.import_module(MODELS[model][2])
+        self.model = models.get(model)
         # The script's own parser: bad flags end here with its one-line error, before training.
-        self.config = parse_args(model, framework, hparams.DEFAULTS, self.flags)
+        self.config = parse_args(model, framework, self.flags)
         self.precision = resolve_precision(self.config, device_type(device))
         self.folder = runs / model / f"{framework}-{self.precision}"
         self.init_from: Path | None = None
@@ -62,7 +62,7 @@ class Plan:
 
     def command(self, extra: list[str]) -> list[str]:
         init = ["--init-from", str(self.init_from)] if self.init_from else []
-        return [sys.executable, str(script_path(self.config.model, self.framework)), *self.flags,
+        return [sys.executable, str(self.model.script(self.framework)), *self.flags,
                 "--out", str(self.folder), *init, *extra]
 
     def expected(self) -> dict:
@@ -103,7 +103,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
 def train(plan: Plan, extra: list[str]) -> None:
     command = plan.command(extra)
     print(f"compare: {plan.label}: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command, cwd=REPO).returncode
+    status = subprocess.run(command, cwd=models.REPO).returncode
     if status == 130:
         sys.exit(130)  # Ctrl-C: the run saved a checkpoint; --reuse continues it
     if status != 0:
@@ -115,8 +115,8 @@ def parse(argv):
         description=__doc__.splitlines()[0],
         epilog="Any other flag (--iters, --batch-size, --lr, --seed, --dataset, --data-dir, "
                "--amp-dtype, --sample-every, ...) goes to both runs unchanged.")
-    parser.add_argument("--model", required=True, choices=(*MODELS, *ALIASES))
-    parser.add_argument("--fp32-vs-amp", choices=FRAMEWORKS, metavar="FRAMEWORK",
+    parser.add_argument("--model", required=True, choices=models.NAMES)
+    parser.add_argument("--fp32-vs-amp", choices=models.FRAMEWORKS, metavar="FRAMEWORK",
                         help="compare float32 with AMP in this framework instead of the frameworks")
     parser.add_argument("--amp", action="store_true", help="both frameworks under AMP")
     parser.add_argument("--same-init", action="store_true",
@@ -135,7 +135,7 @@ def parse(argv):
         raise UsageError("--reuse and --overwrite contradict each other: pick one")
     if args.fp32_vs_amp and (args.amp or args.same_init):
         raise UsageError("--fp32-vs-amp compares precisions in one framework: drop --amp/--same-init")
-    args.model = ALIASES.get(args.model, args.model)
+    args.model = models.get(args.model).key
     return args, flags
 
 
@@ -143,13 +143,13 @@ def parse(argv):
 def main(argv=None) -> int:
     args, flags = parse(argv)
     runs = Path(args.runs)
-    device = parse_args(args.model, "pytorch", {}, flags).device  # validated again per side
+    device = parse_args(args.model, "pytorch", flags).device  # validated again per side
     if args.fp32_vs_amp:
         plans = [Plan(args.model, args.fp32_vs_amp, amp, flags, runs, device) for amp in (False, True)]
         name = f"compare-fp32-vs-{plans[1].precision}-{args.fp32_vs_amp}"
         title = f"{args.model}: float32 vs {plans[1].precision} in {args.fp32_vs_amp}"
     else:
-        plans = [Plan(args.model, framework, args.amp, flags, runs, device) for framework in FRAMEWORKS]
+        plans = [Plan(args.model, framework, args.amp, flags, runs, device) for framework in models.FRAMEWORKS]
         if args.same_init:
             plans[1].init_from = plans[0].folder
             plans[1].folder = plans[1].folder.with_name(plans[1].folder.name + "-init-pytorch")

@@ -21,6 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
+
 from common import evaluation
 from common.errors import UsageError, exit_on_user_error
 

@@ -17,49 +17,48 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 import keras
 import numpy as np
 import torch
 
 from common import data as datasets
-from common import porting
-from GAN.dcgan import dcgan_pytorch, dcgan_tensorflow
+from common import models
+from common.pytorch import porting as torch_porting
+from common.tensorflow import porting as keras_porting
 from GAN.dcgan import hparams as dcgan_hparams
-from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
-from GAN.vanilla_gan import hparams as gan_hparams
-from VAE.vanilla_vae import hparams as vae_hparams
-from VAE.vanilla_vae import vae_pytorch, vae_tensorflow
 
-MODELS = ("vanilla_gan", "lsgan", "dcgan", "vanilla_vae")
 FLOAT32_TARGET = 1e-5
 BATCH = 64
 
 
+def torch_to_keras(module: torch.nn.Module, model: keras.Model, image_shape_hwc=None) -> None:
+    """Copy every weight and batch-norm statistic of `module` into its Keras twin `model`."""
+    keras_porting.import_weights(model, torch_porting.export_weights(module, image_shape_hwc))
+
+
+def keras_to_torch(model: keras.Model, module: torch.nn.Module, image_shape_hwc=None) -> None:
+    """Copy every weight and batch-norm statistic of the Keras `model` into its twin `module`."""
+    torch_porting.import_weights(module, keras_porting.export_weights(model), image_shape_hwc)
+
+
 def networks(model: str, image_shape_hwc: tuple) -> list[tuple]:
-    """(name, make_torch(), make_keras(), input) for each network; input is ("noise", dim) or
-    ("image", value_range)."""
+    """(name, make_torch(), make_keras(), input) for each network of the model, built by the
+    `build_networks` of its two scripts; input is ("noise", dim) or ("image", value_range),
+    read from the Keras network's input shape and the model's hparams."""
+    entry = models.get(model)
     height, width, channels = image_shape_hwc
-    chw = (channels, height, width)
-    if model in ("vanilla_gan", "lsgan"):  # LSGAN uses the vanilla GAN's networks
-        return [("generator", lambda: gan_pytorch.Generator(chw, squash=True),
-                 lambda: gan_tensorflow.make_generator(image_shape_hwc, squash=True),
-                 ("noise", gan_hparams.Z_DIM)),
-                ("discriminator", lambda: gan_pytorch.Discriminator(chw),
-                 lambda: gan_tensorflow.make_discriminator(image_shape_hwc), ("image", (-1, 1)))]
-    if model == "dcgan":
-        return [("generator", lambda: dcgan_pytorch.Generator(chw),
-                 lambda: dcgan_tensorflow.make_generator(image_shape_hwc),
-                 ("noise", dcgan_hparams.Z_DIM)),
-                ("discriminator", lambda: dcgan_pytorch.Discriminator(chw),
-                 lambda: dcgan_tensorflow.make_discriminator(image_shape_hwc), ("image", (-1, 1)))]
-    if model == "vanilla_vae":
-        return [("encoder", lambda: vae_pytorch.Encoder(chw),
-                 lambda: vae_tensorflow.make_encoder(image_shape_hwc), ("image", (0, 1))),
-                ("decoder", lambda: vae_pytorch.Decoder(chw),
-                 lambda: vae_tensorflow.make_decoder(image_shape_hwc),
-                 ("noise", vae_hparams.LATENT))]
-    raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
+    torch_script, keras_script = entry.module("pytorch"), entry.module("tensorflow")
+    found = []
+    for name, keras_net in keras_script.build_networks(image_shape_hwc).items():
+        input_shape = tuple(keras_net.inputs[0].shape[1:])
+        spec = ("noise", input_shape[0]) if len(input_shape) == 1 else ("image", entry.hparams.PIXEL_RANGE)
+        found.append((name, lambda name=name: torch_script.build_networks((channels, height, width))[name],
+                      lambda name=name: keras_script.build_networks(image_shape_hwc)[name], spec))
+    return found
 
 
 def randomize_batch_norm(module: torch.nn.Module, rng: np.random.Generator) -> None:
@@ -118,14 +117,14 @@ def parity_rows(model: str, image_shape_hwc: tuple, images_hwc: np.ndarray,
                     torch_net, keras_net = make_torch(), make_keras()
                     if direction == "pytorch->keras":
                         randomize_batch_norm(torch_net, rng)
-                        porting.torch_to_keras(torch_net, keras_net, image_shape_hwc)
+                        torch_to_keras(torch_net, keras_net, image_shape_hwc)
                     else:
                         source = make_torch()  # other random weights, then carried through Keras
                         randomize_batch_norm(source, rng)
-                        porting.torch_to_keras(source, keras_net, image_shape_hwc)
+                        torch_to_keras(source, keras_net, image_shape_hwc)
                         torch.manual_seed(seed + 1)
                         torch_net = make_torch()  # fresh weights, overwritten by the port
-                        porting.keras_to_torch(keras_net, torch_net, image_shape_hwc)
+                        keras_to_torch(keras_net, torch_net, image_shape_hwc)
                     x = inputs_for(spec, images_hwc, rng)
                     worst_abs, worst_rel = compare(run_torch(torch_net, x, amp), run_keras(keras_net, x))
                     rows.append({"model": model, "network": name, "direction": direction,
@@ -143,13 +142,13 @@ def mnist_images(image_size: int | None, channels: int) -> np.ndarray:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=(*MODELS, "all"), default="all")
+    parser.add_argument("--model", choices=(*models.NAMES, "all"), default="all")
     parser.add_argument("--image-size", type=int, choices=sorted(dcgan_hparams.GEOMETRY), default=28)
     parser.add_argument("--channels", type=int, choices=(1, 3), default=1)
     args = parser.parse_args(argv)
     images = mnist_images(args.image_size if args.image_size != 28 else None, args.channels)
     shape = images.shape[1:]
-    rows = [row for model in (MODELS if args.model == "all" else (args.model,))
+    rows = [row for model in (models.MODELS if args.model == "all" else (models.get(args.model).key,))
             for row in parity_rows(model, shape, images)]
     print(f"images {shape[0]}x{shape[1]}x{shape[2]}, batch {BATCH}; "
           f"float32 target: max abs difference <= {FLOAT32_TARGET:g}")

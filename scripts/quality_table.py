@@ -21,13 +21,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import FRAMEWORKS, MODELS, REPO, script_path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
+
+from common import models
+from common.config import POINT_DATASETS
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
 from common.runs import RunFolder, atomic_write
 
-DATASETS = {"vanilla_gan": ("mnist", "ring8", "grid25"), "lsgan": ("mnist", "ring8", "grid25"),
-            "dcgan": ("mnist",), "vanilla_vae": ("mnist",)}
+DATASETS = ("mnist", *POINT_DATASETS)
 COLUMNS = (("fid", "FID", 2), ("precision", "precision", 3), ("recall", "recall", 3),
            ("classes_covered", "classes", 0), ("modes_covered", "modes", 0),
            ("high_quality", "high quality", 3), ("test_elbo", "test ELBO", 1))
@@ -63,12 +65,12 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                 return json.loads(summary_path.read_text())
             # A run stopped before its first checkpoint has nothing to resume: start it over.
             extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
-    command = [sys.executable, str(script_path(model, framework)), "--out", str(folder),
+    command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder),
                "--dataset", dataset, "--evaluate", str(args.samples), *extra,
                *(["--amp"] if amp else []), *(["--iters", str(args.iters)] if args.iters else []),
                *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command, cwd=REPO).returncode
+    status = subprocess.run(command, cwd=models.REPO).returncode
     if status != 0:
         raise UserError(f"the run in {folder} failed (exit {status}); its output is above")
     return json.loads(summary_path.read_text())
@@ -95,10 +97,10 @@ def markdown(rows: list[dict]) -> str:
 @exit_on_user_error
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
-    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
-    parser.add_argument("--datasets", nargs="+", choices=("mnist", "ring8", "grid25"),
-                        default=["mnist", "ring8", "grid25"], help="those each model takes")
+    parser.add_argument("--models", nargs="+", choices=models.NAMES, default=list(models.MODELS))
+    parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS),
+                        help="those each model takes: the 2-D mixtures only where the model does")
     parser.add_argument("--iters", type=int, help="override every model's default budget")
     parser.add_argument("--samples", type=int, default=10_000, help="generated samples per run")
     parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
@@ -115,8 +117,9 @@ def main(argv=None) -> int:
     floor = evaluation.real_data_floor(min(args.samples, 10_000))
     rows = [{"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
              "precision": "-", "metrics": floor}]
-    for model in args.models:
-        for dataset in (d for d in DATASETS[model] if d in args.datasets):
+    for model in dict.fromkeys(models.get(name).key for name in args.models):  # an alias once
+        takes = ("mnist",) if models.MODELS[model].images_only else DATASETS
+        for dataset in (d for d in takes if d in args.datasets):
             for framework in args.frameworks:
                 fp32_fid = None
                 for amp in (False, True):

@@ -17,11 +17,16 @@ from common.runs import RunFolder
 class ScriptedSession:
     """Plays back per-step metrics chosen by the test: `values(step)` -> dict of floats."""
 
-    checkpoint_suffix = "npz"
+    precision = "fp32"
 
     def __init__(self, values, scale=1.0):
         self.values, self.scale, self.step = values, scale, 0
         self.saved = []
+        self.checkpoints = self  # saves nothing but the names
+        self.suffix = "npz"
+
+    def start(self, order, start_step, stop_step):
+        pass
 
     def upload_indices(self, permutation):
         return permutation
@@ -42,7 +47,7 @@ class ScriptedSession:
     def write_samples(self, run, step):
         pass
 
-    def save_checkpoint(self, path, meta):
+    def save(self, path, meta):
         path.write_bytes(b"state")
         self.saved.append(path.name)
 
@@ -112,11 +117,10 @@ SCALER_FLAGS = ["--amp", "--amp-dtype", "float16", "--init-scale", "1024", "--gr
 
 
 def test_gradscaler_gets_every_scaler_flag():
-    from common import torch_backend as backend
+    from common.pytorch.runtime import setup
 
-    cfg = parse_args("vanilla_gan", "pytorch", {}, [*SCALER_FLAGS, "--growth-factor", "3",
-                                                    "--backoff-factor", "0.25"])
-    scaler = backend.setup(cfg, log=lambda *_: None).scaler
+    cfg = parse_args("vanilla_gan", "pytorch", [*SCALER_FLAGS, "--growth-factor", "3", "--backoff-factor", "0.25"])
+    scaler = setup(cfg, log=lambda *_: None).scaler
     assert scaler.is_enabled()
     assert (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
             scaler.get_growth_interval()) == (1024.0, 3.0, 0.25, 7)
@@ -125,12 +129,13 @@ def test_gradscaler_gets_every_scaler_flag():
 def test_loss_scale_optimizer_gets_what_keras_supports_and_refuses_the_rest(capsys):
     import keras
 
-    from common import tf_backend as backend
+    from common.tensorflow.optimizers import make_optimizer
+    from common.tensorflow.runtime import setup
 
-    cfg = parse_args("vanilla_gan", "tensorflow", {}, [*SCALER_FLAGS, "--clip-grad-norm", "2.5"])
-    runtime = backend.setup(cfg, log=lambda *_: None)
+    cfg = parse_args("vanilla_gan", "tensorflow", [*SCALER_FLAGS, "--clip-grad-norm", "2.5"])
+    runtime = setup(cfg, log=lambda *_: None)
     try:
-        optimizer = backend.make_optimizer(cfg, runtime)
+        optimizer = make_optimizer(cfg, runtime)
         assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         optimizer.build([keras.Variable([0.0])])
         assert float(optimizer.dynamic_scale) == 1024.0 and optimizer.dynamic_growth_steps == 7
@@ -145,37 +150,46 @@ def test_loss_scale_optimizer_gets_what_keras_supports_and_refuses_the_rest(caps
 
 
 def test_gradient_clipping_sees_unscaled_gradients():
+    """The GAN step unscales before it clips, for both networks: clipping the still-scaled
+    gradients would leave 0.5 / 1024 once scaler.step() unscales them."""
     import torch
 
-    from common import torch_backend as backend
+    from common.pytorch.data import load_data
+    from common.pytorch.runtime import setup
+    from GAN.gan_step_pytorch import GAN
+    from GAN.vanilla_gan import gan_pytorch as model
 
-    cfg = parse_args("vanilla_gan", "pytorch", {}, [*SCALER_FLAGS, "--clip-grad-norm", "0.5"])
-    runtime = backend.setup(cfg, log=lambda *_: None)
-    layer = torch.nn.Linear(8, 8)
-    optimizer = backend.make_optimizer(cfg, layer.parameters())
-    before = layer.weight.detach().clone()
-    with runtime.autocast():
-        loss = layer(torch.full((4, 8), 3.0)).float().square().sum()  # true gradient norm >> 0.5
-    runtime.scaler.scale(loss).backward()
-    runtime.step(optimizer)
-    norm = torch.sqrt(sum(p.grad.square().sum() for p in layer.parameters()))
-    # Clipping the still-scaled gradients would leave 0.5 / 1024 after step() unscales them.
-    assert float(norm) == pytest.approx(0.5, rel=1e-4)
-    assert not torch.equal(before, layer.weight)
+    cfg = parse_args("vanilla_gan", "pytorch", [*SCALER_FLAGS, "--clip-grad-norm", "0.5", "--dataset", "ring8",
+                                                "--data-limit", "64", "--batch-size", "16"])
+    runtime = setup(cfg, log=lambda *_: None)
+    data = load_data(cfg, runtime, model.hparams.PIXEL_RANGE)
+    steep = 50.0  # true gradient norms far above 0.5, and no float16 overflow at a scale of 1024
+    gan = GAN(model.Generator(data.sample_shape), model.Discriminator(data.sample_shape),
+              lambda real, fake: steep * model.discriminator_loss(real, fake),
+              lambda fake: steep * model.generator_loss(fake), model.hparams.Z_DIM, cfg, runtime, data)
+    before = {name: [p.detach().clone() for p in m.parameters()] for name, m in gan.modules.items()}
+    gan.train_step(data.batch(torch.arange(16)))
+    assert runtime.scaler.get_scale() == 1024.0  # no overflow: both steps were applied
+    for name, module in gan.modules.items():
+        norm = torch.sqrt(sum(p.grad.square().sum() for p in module.parameters()))
+        assert float(norm) == pytest.approx(0.5, rel=1e-3), name
+        assert any(not torch.equal(b, p) for b, p in zip(before[name], module.parameters())), name
 
 
 def test_adamw_decay_is_the_same_in_both_frameworks():
     import keras
     import torch
 
-    from common import tf_backend, torch_backend
+    from common.pytorch import optimizers as torch_optimizers
+    from common.tensorflow import optimizers as keras_optimizers
+    from common.tensorflow.runtime import setup
 
     flags = ["--optimizer", "adamw", "--weight-decay", "0.05", "--lr", "0.002"]
-    torch_cfg = parse_args("vanilla_gan", "pytorch", {}, flags)
+    torch_cfg = parse_args("vanilla_gan", "pytorch", flags)
     weights = [torch.zeros(1, requires_grad=True)]
-    group = torch_backend.make_optimizer(torch_cfg, weights).param_groups[0]
-    tf_cfg = parse_args("vanilla_gan", "tensorflow", {}, flags)
-    keras_optimizer = tf_backend.make_optimizer(tf_cfg, tf_backend.setup(tf_cfg, log=lambda *_: None))
+    group = torch_optimizers.make_optimizer(torch_cfg, weights).param_groups[0]
+    tf_cfg = parse_args("vanilla_gan", "tensorflow", flags)
+    keras_optimizer = keras_optimizers.make_optimizer(tf_cfg, setup(tf_cfg, log=lambda *_: None))
     assert isinstance(keras_optimizer, keras.optimizers.AdamW)
     assert (group["weight_decay"], group["eps"], group["lr"]) == (0.05, 1e-8, 0.002)
     assert (keras_optimizer.weight_decay, keras_optimizer.epsilon) == (0.05, 1e-8)
@@ -280,18 +294,18 @@ def test_benchmark_compiled_and_host_loader_rows_compare_with_eager_resident_fp3
 def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, capsys, monkeypatch):
     import keras
 
-    from common import tf_backend
+    from common.tensorflow import session
     from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
     from VAE.vanilla_vae import vae_tensorflow
 
     compiled = []
 
-    class Spy(tf_backend.Session):
+    class Spy(session.Session):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             compiled.append(self._step._jit_compile)
 
-    monkeypatch.setattr(tf_backend, "Session", Spy)
+    monkeypatch.setattr(session, "Session", Spy)
     try:
         gan = gan_tensorflow.main(["--out", str(tmp_path / "gan"), *TINY, "--amp", "--xla",
                                    "--iters", "16", "--profile"])

@@ -8,7 +8,7 @@ from tests.conftest import run_script
 
 
 def parse(*argv):
-    return parse_args("vanilla_gan", "pytorch", hparams.DEFAULTS, list(argv))
+    return parse_args("vanilla_gan", "pytorch", list(argv))
 
 
 def test_model_defaults_come_from_hparams_and_flags_override_them():
@@ -81,3 +81,11 @@ def test_help_lists_the_shared_flags():
     for flag in ("--amp", "--amp-dtype", "--iters", "--batch-size", "--resume",
                  "--checkpoint-every", "--optimizer", "--profile", "--data-dir"):
         assert flag in result.stdout
+
+
+def test_a_misspelt_hparams_default_is_refused():
+    from common.config import build_parser
+
+    with pytest.raises(ValueError, match=r"unknown run settings: \['iterz'\]"):
+        build_parser("vanilla_gan", "pytorch", {"iterz": 5, "lr": 1e-3})
+    assert build_parser("vanilla_gan", "pytorch", {"lr": 0.5}).parse_args([]).lr == 0.5

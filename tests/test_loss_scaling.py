@@ -1,4 +1,5 @@
-"""float16 loss scaling really skips a poisoned step and backs off, in both frameworks.
+"""float16 loss scaling really skips a poisoned step and backs off, in both frameworks, and the
+session reports the skipped step.
 
 Runs the shared GAN step with float16 AMP on CPU (slow there, fine for a tiny MLP on 2-D
 points) and makes the discriminator's loss infinite for exactly one step.
@@ -27,33 +28,35 @@ class Poison:
 def test_gradscaler_skips_the_step_and_halves_the_scale():
     import torch
 
-    from common import torch_backend as backend
-    from common.torch_gan import GAN
+    from common.pytorch.data import load_data
+    from common.pytorch.runtime import setup
+    from common.pytorch.session import Session
+    from GAN.gan_step_pytorch import GAN
     from GAN.vanilla_gan import gan_pytorch as model
 
     cfg = make_cfg("pytorch")
-    runtime = backend.setup(cfg, log=lambda *_: None)
+    runtime = setup(cfg, log=lambda *_: None)
     assert runtime.scaler.is_enabled() and runtime.compute_dtype == torch.float16
-    data = backend.load_data(cfg, runtime)
+    data = load_data(cfg, runtime, model.hparams.PIXEL_RANGE)
     poison = Poison(model.discriminator_loss, lambda logits: logits.float().sum() * float("inf"))
-    gan = GAN(model.Generator(data.sample_shape, squash=False),
-              model.Discriminator(data.sample_shape), poison, model.generator_loss,
-              model.hparams.Z_DIM, cfg, runtime, data)
-    batch = data.batch(torch.arange(16))
+    gan = GAN(model.Generator(data.sample_shape), model.Discriminator(data.sample_shape), poison,
+              model.generator_loss, model.hparams.Z_DIM, cfg, runtime, data)
+    session = Session(gan, data, runtime)
+    step = lambda: session.train_step(torch.arange(16))["skipped"].item()
 
-    assert gan.train_step(batch)["skipped"].item() == 0.0
+    assert step() == 0.0
     assert runtime.scaler.get_scale() == LOSS_SCALE_INIT
     d_before = [p.detach().clone() for p in gan.discriminator.parameters()]
 
     poison.armed = True
-    assert gan.train_step(batch)["skipped"].item() == 1.0
+    assert step() == 1.0
     assert runtime.scaler.get_scale() == LOSS_SCALE_INIT / 2
     for before, after in zip(d_before, gan.discriminator.parameters()):
         assert torch.equal(before, after)  # the poisoned D step was not applied
         assert torch.isfinite(after).all()
 
     poison.armed = False
-    assert gan.train_step(batch)["skipped"].item() == 0.0
+    assert step() == 0.0
     assert runtime.scaler.get_scale() == LOSS_SCALE_INIT / 2  # grows only after 2000 clean steps
     assert any(not torch.equal(b, a) for b, a in zip(d_before, gan.discriminator.parameters()))
 
@@ -62,23 +65,25 @@ def test_loss_scale_optimizer_skips_the_step_and_halves_the_scale():
     import keras
     import tensorflow as tf
 
-    from common import tf_backend as backend
-    from common.tf_gan import GAN
+    from common.tensorflow.data import load_data
+    from common.tensorflow.runtime import setup
+    from common.tensorflow.session import Session
+    from GAN.gan_step_tensorflow import GAN
     from GAN.vanilla_gan import gan_tensorflow as model
 
     cfg = make_cfg("tensorflow")
-    runtime = backend.setup(cfg, log=lambda *_: None)
+    runtime = setup(cfg, log=lambda *_: None)
     try:
         assert keras.mixed_precision.global_policy().name == "mixed_float16"
-        data = backend.load_data(cfg, runtime)
+        data = load_data(cfg, runtime, model.hparams.PIXEL_RANGE)
         poison = Poison(model.discriminator_loss,
                         lambda logits: tf.reduce_sum(tf.cast(logits, tf.float32)) * np.inf)
-        gan = GAN(model.make_generator(data.sample_shape, squash=False),
-                  model.make_discriminator(data.sample_shape), poison, model.generator_loss,
-                  model.hparams.Z_DIM, cfg, runtime, data)
+        gan = GAN(model.make_generator(data.sample_shape), model.make_discriminator(data.sample_shape),
+                  poison, model.generator_loss, model.hparams.Z_DIM, cfg, runtime, data)
         assert isinstance(gan.d_optimizer, keras.optimizers.LossScaleOptimizer)
+        session = Session(gan, data, runtime)
         batch = data.batch(tf.range(16))
-        step = lambda: float(gan.train_step(batch)["skipped"])  # eager: `armed` is re-read
+        step = lambda: float(session.train_on(batch)["skipped"])  # eager: `armed` is re-read
 
         assert step() == 0.0
         assert float(gan.d_optimizer.dynamic_scale) == LOSS_SCALE_INIT

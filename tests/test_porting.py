@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import porting
+from common import models
 from scripts import parity
 
 SHAPES = [(28, 28, 1), (32, 32, 3)]  # 3 channels exercises the (C,H,W) <-> (H,W,C) reorder
@@ -14,7 +14,7 @@ def state(module):
     return {k: v.clone() for k, v in module.state_dict().items() if v.dtype.is_floating_point}
 
 
-@pytest.mark.parametrize("model", parity.MODELS)
+@pytest.mark.parametrize("model", models.MODELS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["28x28x1", "32x32x3"])
 def test_porting_round_trips_exactly(model, shape):
     rng = np.random.default_rng(0)
@@ -23,22 +23,22 @@ def test_porting_round_trips_exactly(model, shape):
         original = make_torch()
         parity.randomize_batch_norm(original, rng)
         keras_net = make_keras()
-        porting.torch_to_keras(original, keras_net, shape)
+        parity.torch_to_keras(original, keras_net, shape)
         torch.manual_seed(1)
         back = make_torch()
-        porting.keras_to_torch(keras_net, back, shape)
+        parity.keras_to_torch(keras_net, back, shape)
         expected, got = state(original), state(back)
         assert expected.keys() == got.keys()
         for key in expected:
             assert torch.equal(expected[key], got[key]), f"{model} {name} {key}"
 
         again = make_keras()
-        porting.torch_to_keras(back, again, shape)
+        parity.torch_to_keras(back, again, shape)
         for a, b in zip(keras_net.weights, again.weights):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("model", parity.MODELS)
+@pytest.mark.parametrize("model", models.MODELS)
 @pytest.mark.parametrize("shape", SHAPES, ids=["28x28x1", "32x32x3"])
 def test_twins_compute_the_same_function_in_float32(model, shape):
     images = np.random.default_rng(1).uniform(0, 1, (parity.BATCH, *shape)).astype(np.float32)
@@ -65,7 +65,7 @@ def test_networks_that_are_not_twins_are_refused():
     from GAN.vanilla_gan import gan_pytorch
 
     with pytest.raises(ValueError, match="pairs with Dense, found Conv2DTranspose|not twins"):
-        porting.torch_to_keras(gan_pytorch.Generator((1, 28, 28), squash=True),
+        parity.torch_to_keras(gan_pytorch.Generator((1, 28, 28)),
                                dcgan_tensorflow.make_generator((28, 28, 1)))
 
 

@@ -7,16 +7,25 @@
 G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU) -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
 The last layer of each runs in float32 under autocast; on CUDA the convolutions use the
-channels_last layout, which tensor cores want. The TensorFlow twin is dcgan_tensorflow.py;
-the hyperparameters of both are in hparams.py.
+channels_last layout, which tensor cores want. Shapes below are (H x W x channels) for 28x28
+MNIST at the default width.
+
+The training step, with its autocast and GradScaler calls, is GAN/gan_step_pytorch.py, shared
+with the other GANs. The TensorFlow twin is dcgan_tensorflow.py; the hyperparameters of both
+are in hparams.py.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+
 import torch
 from torch import nn
 
-from common import torch_backend as backend
-from common import torch_gan
-from common.config import parse_args, require_image_dataset
+from common.config import parse_args
 from common.errors import exit_on_user_error
+from common.pytorch.amp import FullPrecision
+from GAN import gan_step_pytorch as gan_step
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_pytorch import discriminator_loss, generator_loss
 
@@ -41,15 +50,16 @@ class Generator(nn.Module):
         channels, height, width = image_shape
         base, upsamplings = hparams.geometry(height, width)
         features = hparams.G_FEATURES * 2 ** (upsamplings - 1)
-        layers = [nn.ConvTranspose2d(hparams.Z_DIM, features, base, 1, 0, bias=False),  # 1 -> base
+        # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
+        layers = [nn.ConvTranspose2d(hparams.Z_DIM, features, base, 1, 0, bias=False),
                   batch_norm(features), nn.ReLU()]
-        for _ in range(upsamplings - 1):  # each doubles the side, halves the channels
+        for _ in range(upsamplings - 1):  # 7x7x64 -> 14x14x32: each doubles the side, halves the channels
             layers += [nn.ConvTranspose2d(features, features // 2, 4, 2, 1, bias=False),
                        batch_norm(features // 2), nn.ReLU()]
             features //= 2
         self.body = nn.Sequential(*layers)
-        self.out = backend.FullPrecision(nn.ConvTranspose2d(features, channels, 4, 2, 1,
-                                                            bias=False))
+        # 14x14x32 -> 28x28x1, in float32
+        self.out = FullPrecision(nn.ConvTranspose2d(features, channels, 4, 2, 1, bias=False))
         init_weights(self)
 
     def forward(self, z):
@@ -62,32 +72,33 @@ class Discriminator(nn.Module):
         channels, height, width = image_shape
         base, downsamplings = hparams.geometry(height, width)
         features = hparams.D_FEATURES
-        layers = [nn.Conv2d(channels, features, 4, 2, 1, bias=False),  # no batch norm on input
+        # 28x28x1 -> 14x14x32, no batch norm on the input
+        layers = [nn.Conv2d(channels, features, 4, 2, 1, bias=False),
                   nn.LeakyReLU(hparams.LEAKY_SLOPE)]
-        for _ in range(downsamplings - 1):  # each halves the side, doubles the channels
+        for _ in range(downsamplings - 1):  # 14x14x32 -> 7x7x64: each halves the side, doubles the channels
             layers += [nn.Conv2d(features, features * 2, 4, 2, 1, bias=False),
                        batch_norm(features * 2), nn.LeakyReLU(hparams.LEAKY_SLOPE)]
             features *= 2
         self.body = nn.Sequential(*layers)
-        self.out = backend.FullPrecision(nn.Conv2d(features, 1, base, 1, 0, bias=False))  # -> 1x1
+        # 7x7x64 -> 1x1x1, one logit in float32
+        self.out = FullPrecision(nn.Conv2d(features, 1, base, 1, 0, bias=False))
         init_weights(self)
 
     def forward(self, x):
         return self.out(self.body(x)).view(-1, 1)
 
 
+def build_networks(data_shape: tuple) -> dict[str, nn.Module]:
+    """G and D for images of this (C, H, W) shape: what main() trains, scripts/parity.py ports."""
+    return {"generator": Generator(data_shape), "discriminator": Discriminator(data_shape)}
+
+
 # The losses are the vanilla GAN's: non-saturating BCE on logits, in float32.
 
 @exit_on_user_error
 def main(argv=None):
-    cfg = parse_args("dcgan", "pytorch", hparams.DEFAULTS, argv)
-    require_image_dataset(cfg, "DCGAN is convolutional")
-    return torch_gan.train(
-        cfg,
-        generator_for=lambda data: Generator(data.sample_shape),
-        discriminator_for=lambda data: Discriminator(data.sample_shape),
-        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
-        z_dim=hparams.Z_DIM)
+    cfg = parse_args("dcgan", "pytorch", argv)
+    return gan_step.train(cfg, hparams, build_networks, discriminator_loss, generator_loss)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,23 @@
 G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU) -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
 The last layer of each is built with dtype="float32"; images stay NHWC, TensorFlow's native
-layout. The PyTorch twin is dcgan_pytorch.py; the hyperparameters of both are in hparams.py.
+layout. Shapes below are (H x W x channels) for 28x28 MNIST at the default width.
+
+The training step, with its GradientTape, scale_loss and apply_gradients calls, is
+GAN/gan_step_tensorflow.py, shared with the other GANs. The PyTorch twin is dcgan_pytorch.py;
+the hyperparameters of both are in hparams.py.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+
 import keras
 from keras import layers
 
-from common import tf_gan
-from common.config import parse_args, require_image_dataset
+from common.config import parse_args
 from common.errors import exit_on_user_error
+from GAN import gan_step_tensorflow as gan_step
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
 
@@ -37,13 +46,15 @@ def make_generator(image_shape: tuple) -> keras.Model:
     height, width, channels = image_shape
     base, upsamplings = hparams.geometry(height, width)
     features = hparams.G_FEATURES * 2 ** (upsamplings - 1)
+    # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
     stack = [keras.Input((hparams.Z_DIM,)), layers.Reshape((1, 1, hparams.Z_DIM)),
-             layers.Conv2DTranspose(features, base, 1, "valid", **conv()),  # 1 -> base
+             layers.Conv2DTranspose(features, base, 1, "valid", **conv()),
              batch_norm(), layers.ReLU()]
-    for _ in range(upsamplings - 1):  # each doubles the side, halves the channels
+    for _ in range(upsamplings - 1):  # 7x7x64 -> 14x14x32: each doubles the side, halves the channels
+        stack += [layers.Conv2DTranspose(features // 2, 4, 2, "same", **conv()),
+                  batch_norm(), layers.ReLU()]
         features //= 2
-        stack += [layers.Conv2DTranspose(features, 4, 2, "same", **conv()), batch_norm(),
-                  layers.ReLU()]
+    # 14x14x32 -> 28x28x1, in float32
     stack += [layers.Conv2DTranspose(channels, 4, 2, "same", dtype="float32", **conv()),
               layers.Activation("tanh", dtype="float32")]
     return keras.Sequential(stack, name="generator")
@@ -53,30 +64,31 @@ def make_discriminator(image_shape: tuple) -> keras.Model:
     height, width, _ = image_shape
     base, downsamplings = hparams.geometry(height, width)
     features = hparams.D_FEATURES
+    # 28x28x1 -> 14x14x32, no batch norm on the input
     stack = [keras.Input(image_shape),
-             layers.Conv2D(features, 4, 2, "same", **conv()),  # no batch norm on the input
+             layers.Conv2D(features, 4, 2, "same", **conv()),
              layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
-    for _ in range(downsamplings - 1):  # each halves the side, doubles the channels
+    for _ in range(downsamplings - 1):  # 14x14x32 -> 7x7x64: each halves the side, doubles the channels
+        stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv()),
+                  batch_norm(), layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
         features *= 2
-        stack += [layers.Conv2D(features, 4, 2, "same", **conv()), batch_norm(),
-                  layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
-    stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **conv()),  # -> 1x1
+    # 7x7x64 -> 1x1x1, one logit in float32
+    stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **conv()),
               layers.Flatten(dtype="float32")]
     return keras.Sequential(stack, name="discriminator")
+
+
+def build_networks(data_shape: tuple) -> dict[str, keras.Model]:
+    """G and D for images of this (H, W, C) shape: what main() trains, scripts/parity.py ports."""
+    return {"generator": make_generator(data_shape), "discriminator": make_discriminator(data_shape)}
 
 
 # The losses are the vanilla GAN's: non-saturating BCE on logits, in float32.
 
 @exit_on_user_error
 def main(argv=None):
-    cfg = parse_args("dcgan", "tensorflow", hparams.DEFAULTS, argv)
-    require_image_dataset(cfg, "DCGAN is convolutional")
-    return tf_gan.train(
-        cfg,
-        generator_for=lambda data: make_generator(data.sample_shape),
-        discriminator_for=lambda data: make_discriminator(data.sample_shape),
-        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
-        z_dim=hparams.Z_DIM)
+    cfg = parse_args("dcgan", "tensorflow", argv)
+    return gan_step.train(cfg, hparams, build_networks, discriminator_loss, generator_loss)
 
 
 if __name__ == "__main__":

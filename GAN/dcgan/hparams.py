@@ -11,6 +11,7 @@ Z_DIM = 100
 G_FEATURES = 32
 D_FEATURES = 32
 LEAKY_SLOPE = 0.2
+PIXEL_RANGE = (-1.0, 1.0)  # images are scaled to the range of G's tanh
 INIT_STD = 0.02        # conv weights ~ N(0, 0.02); batch-norm gamma ~ N(1, 0.02), beta = 0
 BN_MOMENTUM = 0.1      # PyTorch's convention; Keras' momentum is 1 - this (0.9)
 BN_EPSILON = 1e-5      # PyTorch's default; Keras' is 1e-3

@@ -3,4 +3,4 @@
 LSGAN trains with the vanilla GAN's networks (their sizes live in GAN/vanilla_gan/hparams.py)
 and the vanilla GAN's training settings, so the two models differ only in their losses.
 """
-from GAN.vanilla_gan.hparams import DEFAULTS  # noqa: F401  (re-exported on purpose)
+from GAN.vanilla_gan.hparams import DEFAULTS, PIXEL_RANGE, Z_DIM  # noqa: F401  (re-exported on purpose)

@@ -4,17 +4,24 @@
 
 The vanilla GAN's networks and training step with least-squares losses in place of the
 cross-entropy ones: D regresses real to 1 and fake to 0, G pushes D's score of its fakes to 1.
-D's output is an unbounded score (no sigmoid), squared in float32. The PyTorch twin is
+D's output is an unbounded score (no sigmoid), squared in float32.
+
+The training step, with its GradientTape, scale_loss and apply_gradients calls, is
+GAN/gan_step_tensorflow.py, shared with the vanilla GAN and DCGAN. The PyTorch twin is
 lsgan_pytorch.py; the hyperparameters of both are in hparams.py.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+
 import tensorflow as tf
 
-from common import tf_gan
 from common.config import parse_args
 from common.errors import exit_on_user_error
+from GAN import gan_step_tensorflow as gan_step
 from GAN.least_squares_gan import hparams
-from GAN.vanilla_gan import hparams as network_sizes
-from GAN.vanilla_gan.gan_tensorflow import make_discriminator, make_generator
+from GAN.vanilla_gan.gan_tensorflow import build_networks  # the vanilla GAN's networks
 
 
 def discriminator_loss(real_scores, fake_scores):
@@ -30,13 +37,8 @@ def generator_loss(fake_scores):
 
 @exit_on_user_error
 def main(argv=None):
-    cfg = parse_args("lsgan", "tensorflow", hparams.DEFAULTS, argv)
-    return tf_gan.train(
-        cfg,
-        generator_for=lambda data: make_generator(data.sample_shape, squash=data.kind == "image"),
-        discriminator_for=lambda data: make_discriminator(data.sample_shape),
-        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
-        z_dim=network_sizes.Z_DIM)
+    cfg = parse_args("lsgan", "tensorflow", argv)
+    return gan_step.train(cfg, hparams, build_networks, discriminator_loss, generator_loss)
 
 
 if __name__ == "__main__":

@@ -5,30 +5,39 @@
 
 Two one-hidden-layer MLPs. D returns logits, and the losses take logits: sigmoid + BCELoss
 raises under CUDA autocast (it is unsafe in float16), BCE-with-logits is fused and stable.
-The TensorFlow twin is gan_tensorflow.py; the hyperparameters of both are in hparams.py.
+
+The training step, with its autocast and GradScaler calls, is GAN/gan_step_pytorch.py, shared
+with LSGAN and DCGAN. The TensorFlow twin is gan_tensorflow.py; the hyperparameters of both
+are in hparams.py.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import torch_backend as backend
-from common import torch_gan
 from common.config import parse_args
 from common.errors import exit_on_user_error
+from common.pytorch.amp import FullPrecision
+from common.pytorch.layers import init_like_keras_dense
+from GAN import gan_step_pytorch as gan_step
 from GAN.vanilla_gan import hparams
 
 
 class Generator(nn.Module):
-    """z -> 128 (ReLU) -> data. tanh for images in [-1, 1]; linear for 2-D points."""
+    """z -> 128 (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
 
-    def __init__(self, data_shape: tuple, squash: bool):
+    def __init__(self, data_shape: tuple):
         super().__init__()
-        self.data_shape, self.squash = data_shape, squash
+        self.data_shape, self.squash = data_shape, len(data_shape) == 3  # (C, H, W) images
         self.hidden = nn.Sequential(nn.Linear(hparams.Z_DIM, hparams.HIDDEN), nn.ReLU())
-        self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
-        backend.init_like_keras_dense(self)
+        self.out = FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
+        init_like_keras_dense(self)
 
     def forward(self, z):
         x = self.out(self.hidden(z))
@@ -47,11 +56,16 @@ class Discriminator(nn.Module):
             nn.Linear(math.prod(data_shape), hparams.HIDDEN),
             nn.LeakyReLU(hparams.LEAKY_SLOPE),
         )
-        self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, 1))
-        backend.init_like_keras_dense(self)
+        self.out = FullPrecision(nn.Linear(hparams.HIDDEN, 1))
+        init_like_keras_dense(self)
 
     def forward(self, x):
         return self.out(self.hidden(x))
+
+
+def build_networks(data_shape: tuple) -> dict[str, nn.Module]:
+    """G and D for data of this shape, (C, H, W) or (2,): what main() trains, scripts/parity.py ports."""
+    return {"generator": Generator(data_shape), "discriminator": Discriminator(data_shape)}
 
 
 # Non-saturating GAN losses on logits, in float32.
@@ -68,13 +82,8 @@ def generator_loss(fake_logits):
 
 @exit_on_user_error
 def main(argv=None):
-    cfg = parse_args("vanilla_gan", "pytorch", hparams.DEFAULTS, argv)
-    return torch_gan.train(
-        cfg,
-        generator_for=lambda data: Generator(data.sample_shape, squash=data.kind == "image"),
-        discriminator_for=lambda data: Discriminator(data.sample_shape),
-        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
-        z_dim=hparams.Z_DIM)
+    cfg = parse_args("vanilla_gan", "pytorch", argv)
+    return gan_step.train(cfg, hparams, build_networks, discriminator_loss, generator_loss)
 
 
 if __name__ == "__main__":

@@ -5,25 +5,32 @@
 
 Two one-hidden-layer MLPs. D returns logits and the losses take logits, computed in float32;
 the output layers are built with dtype="float32" so they stay in float32 under the policy.
-The PyTorch twin is gan_pytorch.py; the hyperparameters of both are in hparams.py.
+
+The training step, with its GradientTape, scale_loss and apply_gradients calls, is
+GAN/gan_step_tensorflow.py, shared with LSGAN and DCGAN. The PyTorch twin is gan_pytorch.py;
+the hyperparameters of both are in hparams.py.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+
 import math
 
 import keras
 import tensorflow as tf
 from keras import layers
 
-from common import tf_gan
 from common.config import parse_args
 from common.errors import exit_on_user_error
+from common.tensorflow.layers import DENSE_INIT
+from GAN import gan_step_tensorflow as gan_step
 from GAN.vanilla_gan import hparams
 
-# Glorot-uniform weights, zero biases (Keras' defaults, set here because the twin sets them).
-DENSE_INIT = dict(kernel_initializer="glorot_uniform", bias_initializer="zeros")
 
-
-def make_generator(data_shape: tuple, squash: bool) -> keras.Model:
-    """z -> 128 (ReLU) -> data. tanh for images in [-1, 1]; linear for 2-D points."""
+def make_generator(data_shape: tuple) -> keras.Model:
+    """z -> 128 (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
+    squash = len(data_shape) == 3  # (H, W, C) images
     return keras.Sequential([
         keras.Input((hparams.Z_DIM,)),
         layers.Dense(hparams.HIDDEN, activation="relu", **DENSE_INIT),
@@ -44,6 +51,11 @@ def make_discriminator(data_shape: tuple) -> keras.Model:
     ], name="discriminator")
 
 
+def build_networks(data_shape: tuple) -> dict[str, keras.Model]:
+    """G and D for data of this shape, (H, W, C) or (2,): what main() trains, scripts/parity.py ports."""
+    return {"generator": make_generator(data_shape), "discriminator": make_discriminator(data_shape)}
+
+
 # Non-saturating GAN losses on logits, in float32.
 def discriminator_loss(real_logits, fake_logits):
     real_logits, fake_logits = tf.cast(real_logits, tf.float32), tf.cast(fake_logits, tf.float32)
@@ -61,13 +73,8 @@ def generator_loss(fake_logits):
 
 @exit_on_user_error
 def main(argv=None):
-    cfg = parse_args("vanilla_gan", "tensorflow", hparams.DEFAULTS, argv)
-    return tf_gan.train(
-        cfg,
-        generator_for=lambda data: make_generator(data.sample_shape, squash=data.kind == "image"),
-        discriminator_for=lambda data: make_discriminator(data.sample_shape),
-        discriminator_loss=discriminator_loss, generator_loss=generator_loss,
-        z_dim=hparams.Z_DIM)
+    cfg = parse_args("vanilla_gan", "tensorflow", argv)
+    return gan_step.train(cfg, hparams, build_networks, discriminator_loss, generator_loss)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ batch 64. Change a value here and both twins change together.
 Z_DIM = 100
 HIDDEN = 128
 LEAKY_SLOPE = 0.2  # D's LeakyReLU; set explicitly (torch defaults to 0.01, Keras to 0.3)
+PIXEL_RANGE = (-1.0, 1.0)  # images are scaled to the range of G's tanh
 
 # Defaults of the shared flags (common/config.py); the command line overrides them.
 DEFAULTS = dict(

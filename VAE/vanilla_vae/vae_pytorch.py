@@ -11,8 +11,14 @@ the reconstruction term (BCE-with-logits summed over pixels) plus KL(q(z|x) || N
 Under AMP the hidden layers run in 16 bits, but the heads (mean, log-variance, logits) run in
 float32, and the reparameterisation and the KL are computed from float32 values: CPU autocast
 does not upcast `exp`, and exp(logvar) overflows float16 as soon as logvar passes ~11.
-The TensorFlow twin is vae_tensorflow.py; the hyperparameters of both are in hparams.py.
+The training step, with its autocast and GradScaler calls, is VAE.train_step below. The
+TensorFlow twin is vae_tensorflow.py; the hyperparameters of both are in hparams.py.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+
 import math
 
 import numpy as np
@@ -22,9 +28,14 @@ from torch import nn
 
 from common import data as datasets
 from common import sampling
-from common import torch_backend as backend
-from common.config import parse_args, require_image_dataset
+from common.config import parse_args
 from common.errors import exit_on_user_error
+from common.pytorch.amp import FullPrecision
+from common.pytorch.data import load_data, to_numpy_images
+from common.pytorch.layers import init_like_keras_dense
+from common.pytorch.optimizers import make_optimizer
+from common.pytorch.runtime import Runtime, setup
+from common.pytorch.session import fit
 from VAE.vanilla_vae import hparams
 
 
@@ -38,9 +49,9 @@ class Encoder(nn.Module):
             nn.Linear(math.prod(data_shape), hparams.HIDDEN),
             nn.ReLU(),
         )
-        self.mean = backend.FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
-        self.logvar = backend.FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
-        backend.init_like_keras_dense(self)
+        self.mean = FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
+        self.logvar = FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
+        init_like_keras_dense(self)
 
     def forward(self, x):
         h = self.hidden(x)
@@ -54,11 +65,17 @@ class Decoder(nn.Module):
         super().__init__()
         self.data_shape = data_shape
         self.hidden = nn.Sequential(nn.Linear(hparams.LATENT, hparams.HIDDEN), nn.ReLU())
-        self.out = backend.FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
-        backend.init_like_keras_dense(self)
+        self.out = FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
+        init_like_keras_dense(self)
 
     def forward(self, z):
         return self.out(self.hidden(z)).view(-1, *self.data_shape)
+
+
+def build_networks(data_shape: tuple) -> dict[str, nn.Module]:
+    """The encoder and decoder for images of this (C, H, W) shape: what main() trains,
+    scripts/parity.py ports."""
+    return {"encoder": Encoder(data_shape), "decoder": Decoder(data_shape)}
 
 
 def reparameterize(mean, logvar, eps):
@@ -82,84 +99,86 @@ def vae_loss(x, logits, mean, logvar):
 
 
 class VAE:
-    """The training step and the sample grids; common/torch_backend.py's Session drives it."""
+    """The training step and the sample grids; common/pytorch/session.py drives it."""
 
-    def __init__(self, encoder: Encoder, decoder: Decoder, cfg, runtime: backend.Runtime):
-        self.encoder = runtime.place(encoder)
-        self.decoder = runtime.place(decoder)
-        self.cfg, self.runtime = cfg, runtime
+    def __init__(self, encoder: Encoder, decoder: Decoder, cfg, runtime: Runtime):
+        self.encoder, self.decoder = runtime.place(encoder), runtime.place(decoder)
+        self.cfg = cfg
         self.z_dim = hparams.LATENT
-        self.optimizer = backend.make_optimizer(
-            cfg, [*self.encoder.parameters(), *self.decoder.parameters()])
+        self.params = [*self.encoder.parameters(), *self.decoder.parameters()]
+        self.optimizer = make_optimizer(cfg, self.params)
+        # AMP: autocast's device and 16-bit dtype (None: autocast off), and the GradScaler
+        # (enabled for float16 only: bfloat16 has float32's range).
+        self.device, self.amp_dtype = runtime.device, runtime.compute_dtype
+        self.scaler, self.clip_grad_norm = runtime.scaler, runtime.clip_grad_norm
         self.modules = {"encoder": self.encoder, "decoder": self.decoder}
         self.optimizers = {"vae": self.optimizer}
         self._fixed_noise = self._test_images = None
 
     def train_step(self, x: torch.Tensor) -> dict:
-        with self.runtime.autocast():
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             mean, logvar = self.encoder(x)
             z = reparameterize(mean, logvar, torch.randn_like(mean, dtype=torch.float32))
             logits = self.decoder(z)
         loss, recon, kl = vae_loss(x, logits, mean, logvar)
 
         self.optimizer.zero_grad(set_to_none=True)
-        self.runtime.scaler.scale(loss).backward()  # the scaler is a no-op unless float16
-        self.runtime.step(self.optimizer)
-
-        metrics = {"loss": loss.detach(), "recon": recon.detach(), "kl": kl.detach()}
-        skipped = self.runtime.update_scaler()
-        if skipped is not None:
-            metrics["skipped"] = skipped
-        return metrics
+        self.scaler.scale(loss).backward()
+        if self.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        self.scaler.step(self.optimizer)  # skipped if a gradient is inf/NaN
+        self.scaler.update()
+        return {"loss": loss.detach(), "recon": recon.detach(), "kl": kl.detach()}
 
     # --- evaluation (common/evaluation.py): numpy in, numpy out, NHWC images in [0, 1] ---
     def sample(self, z):
-        with self.runtime.autocast():
-            logits = self.decoder(torch.from_numpy(z).to(self.runtime.device))
-        return backend.to_numpy_images(torch.sigmoid(logits.float()))
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            logits = self.decoder(torch.from_numpy(z).to(self.device))
+        return to_numpy_images(torch.sigmoid(logits.float()))
 
     def encode(self, x):
-        images = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(self.runtime.device)
-        with self.runtime.autocast():
+        images = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(self.device)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             mean, logvar = self.encoder(images)
         return mean.float().cpu().numpy(), logvar.float().cpu().numpy()
 
     def decode_logits(self, z):
         """Flattened in (H, W, C) order, as the images they score."""
-        with self.runtime.autocast():
-            logits = self.decoder(torch.from_numpy(z).to(self.runtime.device))
-        return backend.to_numpy_images(logits.float()).reshape(len(z), -1)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            logits = self.decoder(torch.from_numpy(z).to(self.device))
+        return to_numpy_images(logits.float()).reshape(len(z), -1)
 
     def write_samples(self, run, step: int):
         """Decode the run's fixed prior noise, and reconstruct fixed test images from their
         posterior means (no sampling, so successive grids differ only by training)."""
-        device = self.runtime.device
+        device = self.device
         if self._fixed_noise is None:
             noise = sampling.fixed_noise(run.path, hparams.SAMPLE_COUNT, hparams.LATENT,
                                          self.cfg.seed)
             self._fixed_noise = torch.from_numpy(noise).to(device)
             images = datasets.fixed_test_images(self.cfg, hparams.RECONSTRUCTION_COUNT)  # NHWC
             self._test_images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device)
-        with self.runtime.autocast():
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             samples = torch.sigmoid(self.decoder(self._fixed_noise).float())
             mean, _ = self.encoder(self._test_images)
             reconstructions = torch.sigmoid(self.decoder(mean).float())
-        sampling.save_image_grid(backend.to_numpy_images(samples), run.sample_path(step),
+        sampling.save_image_grid(to_numpy_images(samples), run.sample_path(step),
                                  value_range=hparams.PIXEL_RANGE)
-        sampling.save_reconstruction_grid(backend.to_numpy_images(self._test_images),
-                                          backend.to_numpy_images(reconstructions),
+        sampling.save_reconstruction_grid(to_numpy_images(self._test_images),
+                                          to_numpy_images(reconstructions),
                                           run.sample_path(step, "_recon"),
                                           value_range=hparams.PIXEL_RANGE)
 
 
 @exit_on_user_error
 def main(argv=None):
-    cfg = parse_args("vanilla_vae", "pytorch", hparams.DEFAULTS, argv)
-    require_image_dataset(cfg, "the VAE models images with a Bernoulli decoder")
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    vae = VAE(Encoder(data.sample_shape), Decoder(data.sample_shape), cfg, runtime)
-    return backend.fit(cfg, runtime, vae, data)
+    cfg = parse_args("vanilla_vae", "pytorch", argv)
+    runtime = setup(cfg)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = build_networks(data.sample_shape)
+    vae = VAE(networks["encoder"], networks["decoder"], cfg, runtime)
+    return fit(cfg, runtime, vae, data)
 
 
 if __name__ == "__main__":

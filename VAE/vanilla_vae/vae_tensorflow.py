@@ -12,8 +12,15 @@ the reconstruction term (BCE-with-logits summed over pixels) plus KL(q(z|x) || N
 Under AMP the hidden layers run in 16 bits, but the heads (mean, log-variance, logits) are
 built with dtype="float32", and the reparameterisation and the KL cast to float32 first:
 exp(logvar) overflows float16 as soon as logvar passes ~11.
-The PyTorch twin is vae_pytorch.py; the hyperparameters of both are in hparams.py.
+The training step, with its GradientTape, scale_loss and apply_gradients calls, is
+VAE.train_step below. The PyTorch twin is vae_pytorch.py; the hyperparameters of both are in
+hparams.py.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+
 import math
 
 import keras
@@ -22,13 +29,14 @@ from keras import layers
 
 from common import data as datasets
 from common import sampling
-from common import tf_backend as backend
-from common.config import parse_args, require_image_dataset
+from common.config import parse_args
 from common.errors import exit_on_user_error
+from common.tensorflow.data import load_data
+from common.tensorflow.layers import DENSE_INIT
+from common.tensorflow.optimizers import make_optimizer
+from common.tensorflow.runtime import Runtime, setup
+from common.tensorflow.session import fit
 from VAE.vanilla_vae import hparams
-
-# Glorot-uniform weights, zero biases (Keras' defaults, set here because the twin sets them).
-DENSE_INIT = dict(kernel_initializer="glorot_uniform", bias_initializer="zeros")
 
 
 def make_encoder(data_shape: tuple) -> keras.Model:
@@ -49,6 +57,12 @@ def make_decoder(data_shape: tuple) -> keras.Model:
         layers.Dense(math.prod(data_shape), dtype="float32", **DENSE_INIT),
         layers.Reshape(data_shape, dtype="float32"),
     ], name="decoder")
+
+
+def build_networks(data_shape: tuple) -> dict[str, keras.Model]:
+    """The encoder and decoder for images of this (H, W, C) shape: what main() trains,
+    scripts/parity.py ports."""
+    return {"encoder": make_encoder(data_shape), "decoder": make_decoder(data_shape)}
 
 
 def reparameterize(mean, logvar, eps):
@@ -72,16 +86,15 @@ def vae_loss(x, logits, mean, logvar):
 
 
 class VAE:
-    """The training step and the sample grids; common/tf_backend.py's Session drives it
-    (and compiles train_step with tf.function)."""
+    """The training step and the sample grids; common/tensorflow/session.py drives it (and
+    compiles train_step with tf.function)."""
 
-    def __init__(self, encoder: keras.Model, decoder: keras.Model, cfg,
-                 runtime: backend.Runtime):
+    def __init__(self, encoder: keras.Model, decoder: keras.Model, cfg, runtime: Runtime):
         self.encoder, self.decoder = encoder, decoder
-        self.cfg, self.runtime = cfg, runtime
+        self.cfg = cfg
         self.z_dim = hparams.LATENT
         self.variables = encoder.trainable_variables + decoder.trainable_variables
-        self.optimizer = backend.make_optimizer(cfg, runtime)
+        self.optimizer = make_optimizer(cfg, runtime)  # a LossScaleOptimizer under float16
         self.optimizer.build(self.variables)  # checkpoints need the slots now
         self.noise = tf.random.Generator.from_seed(cfg.seed)  # eps; saved in checkpoints
         self.modules = {"encoder": encoder, "decoder": decoder}
@@ -95,14 +108,9 @@ class VAE:
             logits = self.decoder(z, training=True)
             loss, recon, kl = vae_loss(x, logits, mean, logvar)
             scaled_loss = self.optimizer.scale_loss(loss)  # unchanged unless float16
-        skipped = backend.apply_gradients(self.optimizer,
-                                          tape.gradient(scaled_loss, self.variables),
-                                          self.variables)
-
-        metrics = {"loss": loss, "recon": recon, "kl": kl}
-        if self.runtime.loss_scaling:
-            metrics["skipped"] = skipped
-        return metrics
+        gradients = tape.gradient(scaled_loss, self.variables)
+        self.optimizer.apply_gradients(zip(gradients, self.variables))  # unscales; skips on inf/NaN
+        return {"loss": loss, "recon": recon, "kl": kl}
 
     # --- evaluation (common/evaluation.py): numpy in, numpy out, NHWC images in [0, 1] ---
     def sample(self, z):
@@ -136,12 +144,12 @@ class VAE:
 
 @exit_on_user_error
 def main(argv=None):
-    cfg = parse_args("vanilla_vae", "tensorflow", hparams.DEFAULTS, argv)
-    require_image_dataset(cfg, "the VAE models images with a Bernoulli decoder")
-    runtime = backend.setup(cfg)
-    data = backend.load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    vae = VAE(make_encoder(data.sample_shape), make_decoder(data.sample_shape), cfg, runtime)
-    return backend.fit(cfg, runtime, vae, data)
+    cfg = parse_args("vanilla_vae", "tensorflow", argv)
+    runtime = setup(cfg)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = build_networks(data.sample_shape)
+    vae = VAE(networks["encoder"], networks["decoder"], cfg, runtime)
+    return fit(cfg, runtime, vae, data)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,109 @@
+"""The GAN training step in PyTorch, with automatic mixed precision, shared by the vanilla GAN,
+LSGAN and DCGAN: they differ only in their networks and their two loss functions. The
+TensorFlow twin is gan_step_tensorflow.py.
+
+One iteration:
+    1. generate one fake batch under autocast;
+    2. update D on real vs. that fake batch, detached so no gradient reaches G;
+    3. update G through the just-updated D on the same fake batch, attached (as the PyTorch
+       DCGAN example does: G runs once per iteration, not twice);
+    4. one GradScaler for both networks, as the PyTorch AMP examples do for "multiple models,
+       losses and optimizers": scale each loss, step each optimizer (each skips its own step
+       on inf/NaN gradients), update the scale once per iteration.
+Under bfloat16 and float32 the scaler is disabled and its calls pass everything through.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from common import sampling
+from common.pytorch.data import load_data, to_numpy_images
+from common.pytorch.optimizers import make_optimizer
+from common.pytorch.runtime import Runtime, setup
+from common.pytorch.session import fit
+
+SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
+GRID_IMAGES = 64
+
+
+class GAN:
+    def __init__(self, generator: nn.Module, discriminator: nn.Module, discriminator_loss,
+                 generator_loss, z_dim: int, cfg, runtime: Runtime, data):
+        self.generator, self.discriminator = runtime.place(generator), runtime.place(discriminator)
+        self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
+        self.z_dim, self.cfg, self.data = z_dim, cfg, data
+        self.g_optimizer = make_optimizer(cfg, self.generator.parameters())
+        self.d_optimizer = make_optimizer(cfg, self.discriminator.parameters())
+        # AMP: autocast's device and 16-bit dtype (None: autocast off), and one GradScaler.
+        self.device, self.amp_dtype = runtime.device, runtime.compute_dtype
+        self.scaler, self.clip_grad_norm = runtime.scaler, runtime.clip_grad_norm
+        self.modules = {"generator": self.generator, "discriminator": self.discriminator}
+        self.optimizers = {"generator": self.g_optimizer, "discriminator": self.d_optimizer}
+        self.title = f"{cfg.model} pytorch {runtime.precision}"
+        self._fixed_noise = None
+
+    def train_step(self, real: torch.Tensor) -> dict:
+        z = torch.randn(real.shape[0], self.z_dim, device=real.device)
+
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            fake = self.generator(z)
+            d_loss = self.discriminator_loss(self.discriminator(real), self.discriminator(fake.detach()))
+        self.d_optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(d_loss).backward()
+        if self.clip_grad_norm:
+            self.scaler.unscale_(self.d_optimizer)  # clip the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(self.discriminator.parameters(), self.clip_grad_norm)
+        self.scaler.step(self.d_optimizer)
+
+        # G's loss needs gradients through D, not for D's weights: skip computing those.
+        self.discriminator.requires_grad_(False)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            g_loss = self.generator_loss(self.discriminator(fake))
+        self.g_optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(g_loss).backward()
+        self.discriminator.requires_grad_(True)
+        if self.clip_grad_norm:
+            self.scaler.unscale_(self.g_optimizer)
+            nn.utils.clip_grad_norm_(self.generator.parameters(), self.clip_grad_norm)
+        self.scaler.step(self.g_optimizer)
+
+        self.scaler.update()
+        return {"d_loss": d_loss.detach(), "g_loss": g_loss.detach()}
+
+    def generate(self, z: torch.Tensor) -> torch.Tensor:
+        """G(z) in float32, under the run's precision (the session puts G in eval mode)."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            return self.generator(z).float()
+
+    def sample(self, z: np.ndarray) -> np.ndarray:
+        """Samples for common/evaluation.py: NHWC images in [0, 1], or 2-D points."""
+        fake = self.generate(torch.from_numpy(z).to(self.device))
+        if self.data.kind == "image":
+            return (to_numpy_images(fake) + 1.0) / 2.0
+        return fake.cpu().numpy()
+
+    def write_samples(self, run, step: int):
+        """A grid (or a scatter plot) from the run's fixed noise, the same in both frameworks."""
+        if self._fixed_noise is None:
+            count = GRID_IMAGES if self.data.kind == "image" else SCATTER_POINTS
+            noise = sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed)
+            self._fixed_noise = torch.from_numpy(noise).to(self.device)
+        fake = self.generate(self._fixed_noise)
+        if self.data.kind == "image":
+            sampling.save_image_grid(to_numpy_images(fake), run.sample_path(step))
+        else:
+            sampling.save_scatter(fake.cpu().numpy(), run.sample_path(step),
+                                  real=self.data.dataset.x[:SCATTER_POINTS], title=f"{self.title} step {step}")
+
+
+def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> dict:
+    """A GAN script's main() after its flags: set up the device and precision, load the data,
+    build G and D for it (`build_networks(data_shape)`), and train with the model's hparams (Z_DIM, PIXEL_RANGE)."""
+    runtime = setup(cfg)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = build_networks(data.sample_shape)
+    gan = GAN(networks["generator"], networks["discriminator"], discriminator_loss, generator_loss,
+              hparams.Z_DIM, cfg, runtime, data)
+    return fit(cfg, runtime, gan, data)

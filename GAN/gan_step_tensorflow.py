@@ -1,0 +1,101 @@
+"""The GAN training step in TensorFlow/Keras, with automatic mixed precision, shared by the
+vanilla GAN, LSGAN and DCGAN: they differ only in their networks and their two loss
+functions. The PyTorch twin is gan_step_pytorch.py.
+
+One iteration (compiled once by tf.function in common/tensorflow/session.py):
+    1. generate one fake batch;
+    2. update D on real vs. that fake batch, under a tape that sees only D's weights;
+    3. update G through the just-updated D on the same fake batch, whose forward pass the
+       outer tape recorded (G runs once per iteration, as in the PyTorch twin);
+    4. each optimizer, a LossScaleOptimizer under float16, scales its loss (`scale_loss`),
+       and in `apply_gradients` unscales the gradients, skips its own step on inf/NaN and
+       adjusts its scale. Under bfloat16 and float32 the optimizers are plain ones, whose
+       `scale_loss` returns the loss unchanged.
+The policy set before the networks were built (mixed_float16 / mixed_bfloat16) makes their
+layers compute in 16 bits; the output layers were built with dtype="float32".
+"""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from common import sampling
+from common.tensorflow.data import load_data
+from common.tensorflow.optimizers import make_optimizer
+from common.tensorflow.runtime import Runtime, setup
+from common.tensorflow.session import fit
+
+SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
+GRID_IMAGES = 64
+
+
+class GAN:
+    def __init__(self, generator: keras.Model, discriminator: keras.Model, discriminator_loss,
+                 generator_loss, z_dim: int, cfg, runtime: Runtime, data):
+        self.generator, self.discriminator = generator, discriminator
+        self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
+        self.z_dim, self.cfg, self.data = z_dim, cfg, data
+        self.g_optimizer = make_optimizer(cfg, runtime)
+        self.d_optimizer = make_optimizer(cfg, runtime)
+        self.g_optimizer.build(generator.trainable_variables)  # checkpoints need the slots now
+        self.d_optimizer.build(discriminator.trainable_variables)
+        self.noise = tf.random.Generator.from_seed(cfg.seed)
+        self.modules = {"generator": generator, "discriminator": discriminator}
+        self.optimizers = {"generator": self.g_optimizer, "discriminator": self.d_optimizer}
+        self.title = f"{cfg.model} tensorflow {runtime.precision}"
+        self._fixed_noise = None
+
+    def train_step(self, real):
+        generator, discriminator = self.generator, self.discriminator
+        z = self.noise.normal((tf.shape(real)[0], self.z_dim))
+
+        with tf.GradientTape() as g_tape:
+            fake = generator(z, training=True)
+            with g_tape.stop_recording():  # D's update is not part of G's gradient
+                with tf.GradientTape() as d_tape:
+                    d_loss = self.discriminator_loss(discriminator(real, training=True),
+                                                     discriminator(fake, training=True))
+                    scaled_d_loss = self.d_optimizer.scale_loss(d_loss)
+                d_variables = discriminator.trainable_variables
+                d_gradients = d_tape.gradient(scaled_d_loss, d_variables)
+                self.d_optimizer.apply_gradients(zip(d_gradients, d_variables))
+            g_loss = self.generator_loss(discriminator(fake, training=True))
+            scaled_g_loss = self.g_optimizer.scale_loss(g_loss)
+        g_variables = generator.trainable_variables
+        g_gradients = g_tape.gradient(scaled_g_loss, g_variables)
+        self.g_optimizer.apply_gradients(zip(g_gradients, g_variables))
+
+        return {"d_loss": d_loss, "g_loss": g_loss}
+
+    def generate(self, z) -> tf.Tensor:
+        """G(z) in float32, under the run's policy, in inference mode."""
+        return tf.cast(self.generator(z, training=False), tf.float32)
+
+    def sample(self, z):
+        """Samples for common/evaluation.py: NHWC images in [0, 1], or 2-D points."""
+        fake = self.generate(z).numpy()
+        return (fake + 1.0) / 2.0 if self.data.kind == "image" else fake
+
+    def write_samples(self, run, step: int):
+        """A grid (or a scatter plot) from the run's fixed noise, the same in both frameworks."""
+        if self._fixed_noise is None:
+            count = GRID_IMAGES if self.data.kind == "image" else SCATTER_POINTS
+            self._fixed_noise = tf.constant(sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed))
+        fake = self.generate(self._fixed_noise).numpy()
+        if self.data.kind == "image":
+            sampling.save_image_grid(fake, run.sample_path(step))
+        else:
+            sampling.save_scatter(fake, run.sample_path(step), real=self.data.dataset.x[:SCATTER_POINTS],
+                                  title=f"{self.title} step {step}")
+
+
+def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> dict:
+    """A GAN script's main() after its flags: set up the device and precision (the global
+    policy, before any layer is built), load the data, build G and D for it
+    (`build_networks(data_shape)`), and train with the model's hparams (Z_DIM, PIXEL_RANGE)."""
+    runtime = setup(cfg)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = build_networks(data.sample_shape)
+    gan = GAN(networks["generator"], networks["discriminator"], discriminator_loss, generator_loss,
+              hparams.Z_DIM, cfg, runtime, data)
+    return fit(cfg, runtime, gan, data)

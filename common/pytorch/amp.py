@@ -1,0 +1,64 @@
+"""Mixed precision in PyTorch is two independent pieces, both used in the training steps
+(GAN/gan_step_pytorch.py, VAE/vanilla_vae/vae_pytorch.py) as the PyTorch docs write them:
+
+- `torch.autocast(device_type, dtype)` runs matmuls and convolutions in float16 or bfloat16
+  while the weights stay float32;
+- `torch.amp.GradScaler(device)` multiplies the loss so that float16 gradients do not
+  underflow (`scaler.scale(loss).backward()`), unscales them in `scaler.step(optimizer)`, or
+  first in `scaler.unscale_(optimizer)` when they are clipped, skips the step when a gradient
+  is inf/NaN, and adjusts the scale in `scaler.update()`. bfloat16 has float32's exponent
+  range and needs no scaling: the scaler is enabled for float16 only (disabled, its calls
+  pass the loss and the step through unchanged).
+
+This module builds the scaler, keeps chosen layers in float32, and reads the scale on the device.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from common.config import RunConfig
+
+COMPUTE_DTYPES = {"fp32": None, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+
+
+def make_grad_scaler(cfg: RunConfig, device_type: str, precision: str) -> torch.amp.GradScaler:
+    # The device is passed: GradScaler() means CUDA, and disables itself on a CPU-only build.
+    return torch.amp.GradScaler(device_type, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
+                                backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval,
+                                enabled=precision == "amp-fp16")
+
+
+class FullPrecision(nn.Module):
+    """Run the wrapped layer in float32 even inside autocast (output layers, VAE heads):
+    the Keras twin is `layer(..., dtype="float32")`."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            return self.layer(x.float())
+
+
+def scale_on_device(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tensor | None:
+    """A copy of the current loss scale as a device tensor, or None when the scaler is off.
+    `scaler.get_scale()` returns a Python float, which would make the host wait for the
+    device at every step."""
+    if not scaler.is_enabled():
+        return None
+    if scaler._scale is None:  # the scaler creates its scale tensor at its first scale() call
+        return torch.tensor(scaler.get_scale(), device=device)
+    return scaler._scale.clone()
+
+
+def scale_went_down(scaler: torch.amp.GradScaler, scale_before: torch.Tensor) -> torch.Tensor:
+    """1.0 (a device tensor, no sync) when update() has backed the scale off since
+    `scale_before`, which it does after any optimizer step it skipped."""
+    return (scaler._scale < scale_before).float()
+
+
+def loss_scale(scaler: torch.amp.GradScaler) -> float:
+    """The current scale as a float (a host sync: for log points only); 1.0 when off."""
+    return float(scaler.get_scale()) if scaler.is_enabled() else 1.0

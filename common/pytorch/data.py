@@ -1,0 +1,97 @@
+"""The training set on the device, or behind a host loader (--workers), in PyTorch
+(common/tensorflow/data.py is the twin)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common import data as datasets
+from common.config import RunConfig
+
+
+class DeviceData:
+    """The whole training set resident on the device (MNIST is 47 MB as uint8); a batch is
+    an index gather plus a scale to the model's range, with no host copy per step."""
+
+    def __init__(self, dataset: datasets.Dataset, device: torch.device, value_range):
+        self.dataset = dataset
+        self.kind = dataset.kind
+        array = dataset.x
+        if self.kind == "image":
+            array = np.ascontiguousarray(array.transpose(0, 3, 1, 2))  # NHWC -> NCHW
+            low, high = value_range
+            self.scale, self.shift = (high - low) / 255.0, low
+        self.x = torch.from_numpy(array).to(device)
+        self.sample_shape = tuple(self.x.shape[1:])
+        self.channels_last = self.kind == "image" and device.type == "cuda"
+
+    def __len__(self):
+        return self.x.shape[0]
+
+    def batch(self, indices: torch.Tensor) -> torch.Tensor:
+        return self.to_model(self.x[indices])
+
+    lookup = batch  # the batch of these indices, outside the training sequence
+
+    def to_model(self, rows: torch.Tensor) -> torch.Tensor:
+        """uint8 images -> float in the model's range (points pass through)."""
+        if self.kind != "image":
+            return rows
+        images = rows.float().mul_(self.scale).add_(self.shift)
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
+
+
+class _Rows(torch.utils.data.Dataset):
+    """A host array a DataLoader worker slices one whole batch at a time."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __len__(self):
+        return len(self.array)
+
+    def __getitems__(self, indices):
+        return torch.from_numpy(self.array[np.asarray(indices)])
+
+
+def _as_is(batch):
+    return batch
+
+
+class HostLoader(DeviceData):
+    """--workers N: the dataset stays in host memory; N persistent DataLoader processes gather
+    the batches ahead of the loop (into pinned memory on CUDA, so the copy overlaps compute),
+    in the same BatchOrder as the resident path, so both train on identical batches."""
+
+    def __init__(self, dataset: datasets.Dataset, device: torch.device, value_range, workers: int):
+        super().__init__(dataset, torch.device("cpu"), value_range)  # host copy, NCHW
+        self.device, self.workers = device, workers
+        self.channels_last = self.kind == "image" and device.type == "cuda"
+        self._batches = None
+
+    def start(self, order, start_step: int, stop_step: int):
+        loader = torch.utils.data.DataLoader(
+            _Rows(self.x.numpy()), batch_sampler=list(order.batches(start_step, stop_step)),
+            collate_fn=_as_is, num_workers=self.workers, persistent_workers=True,
+            pin_memory=self.device.type == "cuda", prefetch_factor=4,
+            generator=torch.Generator())  # its worker seed must not be drawn from the training RNG
+        self._batches = iter(loader)
+
+    def batch(self, indices) -> torch.Tensor:
+        """The next prefetched batch: the one `indices` names, as the order is shared."""
+        return self.to_model(next(self._batches).to(self.device, non_blocking=True))
+
+    def lookup(self, indices) -> torch.Tensor:
+        return self.to_model(self.x[indices.cpu()].to(self.device))
+
+
+def load_data(cfg: RunConfig, runtime, value_range: tuple[float, float]) -> DeviceData:
+    dataset = datasets.load_training_set(cfg)
+    if cfg.workers:
+        return HostLoader(dataset, runtime.device, value_range, cfg.workers)
+    return DeviceData(dataset, runtime.device, value_range)
+
+
+def to_numpy_images(images: torch.Tensor) -> np.ndarray:
+    """NCHW device tensor -> NHWC float32 numpy, for sample grids."""
+    return images.detach().float().permute(0, 2, 3, 1).cpu().numpy()

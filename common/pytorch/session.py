@@ -1,0 +1,124 @@
+"""The PyTorch session the shared loop drives (the `Session` contract of common/loop.py),
+and `fit`, the last call of every PyTorch model's main(). common/tensorflow/session.py is the
+twin."""
+from __future__ import annotations
+
+import contextlib
+import resource
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from common import evaluation, loop
+from common.config import RunConfig
+from common.pytorch import amp
+from common.pytorch import porting as torch_porting
+from common.pytorch.checkpoint import Checkpoints
+from common.pytorch.data import DeviceData, HostLoader
+from common.pytorch.precision_report import precision_report
+from common.pytorch.profiling import Profiler
+from common.pytorch.runtime import Runtime
+from common.runs import BatchOrder, RunFolder
+
+
+class Trainer(Protocol):
+    """What a model hands to the session: its networks and optimizers (checkpointed by name),
+    its training step, and its sample grids. Generators also have `sample(z)`, the VAE
+    `encode(x)` and `decode_logits(z)`, for common/evaluation.py."""
+
+    modules: dict[str, nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    z_dim: int
+
+    def train_step(self, batch: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def write_samples(self, run: RunFolder, step: int) -> None: ...
+
+
+class Session:
+    def __init__(self, trainer: Trainer, data: DeviceData, runtime: Runtime):
+        self.trainer, self.data, self.runtime = trainer, data, runtime
+        self.precision = runtime.precision
+        self.checkpoints = Checkpoints(trainer, runtime)
+        self.profiler = Profiler(runtime.device)
+
+    def start(self, order: BatchOrder, start_step: int, stop_step: int):
+        if isinstance(self.data, HostLoader):
+            self.data.start(order, start_step, stop_step)
+
+    def upload_indices(self, permutation: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(permutation.astype(np.int64)).to(self.runtime.device)
+
+    def train_step(self, indices: torch.Tensor) -> dict:
+        return self.train_on(self.data.batch(indices))
+
+    def train_on(self, batch: torch.Tensor) -> dict:
+        """The model's training step on a batch, plus "skipped" under float16."""
+        scale_before = amp.scale_on_device(self.runtime.scaler, self.runtime.device)
+        metrics = self.trainer.train_step(batch)
+        if scale_before is not None:  # update() backs the scale off after a step it skipped
+            metrics = {**metrics, "skipped": amp.scale_went_down(self.runtime.scaler, scale_before)}
+        return metrics
+
+    def fetch(self, metrics: dict) -> dict:
+        values = torch.stack([v.detach().float() for v in metrics.values()]).tolist()  # one sync
+        return dict(zip(metrics, values))
+
+    def loss_scale(self) -> float:
+        return amp.loss_scale(self.runtime.scaler)
+
+    def synchronize(self):
+        if self.runtime.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def precision_report(self, indices) -> list[tuple]:
+        # lookup(): the batch without taking it from a host loader's queue
+        return precision_report(self.trainer, self.runtime, self.data.lookup(indices))
+
+    @contextlib.contextmanager
+    def _inference(self):
+        """Eval mode (batch norm on its running statistics) and no autograd, then back."""
+        for module in self.trainer.modules.values():
+            module.eval()
+        try:
+            # Under --compile, sample grids and evaluation (other batch sizes, eval mode) run
+            # eagerly rather than compiling graphs used once.
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+                yield
+        finally:
+            for module in self.trainer.modules.values():
+                module.train()
+
+    def write_samples(self, run: RunFolder, step: int):
+        with self._inference():
+            self.trainer.write_samples(run, step)
+
+    def evaluate(self, cfg: RunConfig) -> dict:
+        with self._inference():
+            return evaluation.evaluate(cfg, self.trainer)
+
+    def peak_memory_mb(self) -> float:
+        if self.runtime.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.runtime.device) / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData, log=print) -> dict:
+    """Open the run folder (with --init-from's weights, if given), compile the networks under
+    --compile, and hand the trainer to the shared loop."""
+    shape = data.dataset.sample_shape
+    run = loop.open_run(
+        cfg, runtime.precision, {"device": str(runtime.device),
+                                 "versions": {"torch": torch.__version__, "numpy": np.__version__}},
+        trainer.modules, export_weights=lambda module: torch_porting.export_weights(module, shape),
+        import_weights=lambda module, layers: torch_porting.import_weights(module, layers, shape),
+        sample_shape=shape, log=log)
+    if cfg.compile:
+        for module in trainer.modules.values():
+            # In place (nn.Module.compile): state_dict keys, hence checkpoints and porting, stay
+            # as they are. Static shapes: one graph per input shape (sampling and evaluation run
+            # eagerly, see Session._inference).
+            module.compile(dynamic=False)
+    return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)

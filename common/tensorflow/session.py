@@ -1,0 +1,106 @@
+"""The TensorFlow session the shared loop drives (the `Session` contract of common/loop.py),
+and `fit`, the last call of every TensorFlow model's main(). common/pytorch/session.py is the
+twin."""
+from __future__ import annotations
+
+import resource
+from typing import Protocol
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from common import evaluation, loop
+from common.config import RunConfig
+from common.runs import BatchOrder, RunFolder
+from common.tensorflow import amp
+from common.tensorflow import porting as keras_porting
+from common.tensorflow.checkpoint import Checkpoints
+from common.tensorflow.data import DeviceData, HostLoader
+from common.tensorflow.precision_report import precision_report
+from common.tensorflow.profiling import Profiler
+from common.tensorflow.runtime import Runtime
+
+
+class Trainer(Protocol):
+    """What a model hands to the session: its networks and optimizers (checkpointed by name),
+    the generator of its training noise (checkpointed too), its training step (compiled here
+    with tf.function), and its sample grids. Generators also have `sample(z)`, the VAE
+    `encode(x)` and `decode_logits(z)`, for common/evaluation.py."""
+
+    modules: dict[str, keras.Model]
+    optimizers: dict[str, keras.optimizers.Optimizer]
+    noise: tf.random.Generator
+    z_dim: int
+
+    def train_step(self, batch: tf.Tensor) -> dict[str, tf.Tensor]: ...
+
+    def write_samples(self, run: RunFolder, step: int) -> None: ...
+
+
+class Session:
+    def __init__(self, trainer: Trainer, data: DeviceData, runtime: Runtime, jit_compile=False):
+        self.trainer, self.data, self.runtime = trainer, data, runtime
+        self.precision = runtime.precision
+        self.checkpoints = Checkpoints(trainer, runtime)
+        self.profiler = Profiler()
+        self._step = tf.function(lambda indices: self.train_on(data.batch(indices)), jit_compile=jit_compile)
+        self._step_on_batch = tf.function(self.train_on, jit_compile=jit_compile)
+
+    def train_on(self, batch) -> dict:
+        """The model's training step on a batch, plus "skipped" under float16 (what tf.function
+        compiles; called directly, it runs eagerly)."""
+        optimizers = list(self.trainer.optimizers.values())
+        counts = amp.step_counts(optimizers) if self.runtime.loss_scaling else None
+        metrics = self.trainer.train_step(batch)
+        if counts is not None:
+            metrics = {**metrics, "skipped": amp.any_skipped(optimizers, counts)}
+        return metrics
+
+    def start(self, order: BatchOrder, start_step: int, stop_step: int):
+        if isinstance(self.data, HostLoader):
+            self.data.start(order, start_step, stop_step)
+
+    def upload_indices(self, permutation: np.ndarray) -> tf.Tensor:
+        return tf.constant(permutation)
+
+    def train_step(self, indices) -> dict:
+        if isinstance(self.data, HostLoader):  # the next prefetched batch is the one `indices` names
+            return self._step_on_batch(next(self.data.iterator))
+        return self._step(indices)
+
+    def fetch(self, metrics: dict) -> dict:
+        values = tf.stack([tf.cast(v, tf.float32) for v in metrics.values()]).numpy()
+        return dict(zip(metrics, values.tolist()))
+
+    def loss_scale(self) -> float:
+        return amp.loss_scale(self.trainer.optimizers.values())
+
+    def synchronize(self):
+        pass  # eager results are materialised by .numpy(); nothing is queued between calls
+
+    def precision_report(self, indices) -> list[tuple]:
+        return precision_report(self.trainer)
+
+    def write_samples(self, run: RunFolder, step: int):
+        self.trainer.write_samples(run, step)
+
+    def evaluate(self, cfg: RunConfig) -> dict:
+        return evaluation.evaluate(cfg, self.trainer)
+
+    def peak_memory_mb(self) -> float:
+        if self.runtime.device_type == "cuda":
+            return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData, log=print) -> dict:
+    """Open the run folder (with --init-from's weights, if given) and hand the trainer to the
+    shared loop, which runs the step compiled by tf.function (with XLA under --xla)."""
+    run = loop.open_run(
+        cfg, runtime.precision, {"device": runtime.device_type,
+                                 "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
+                                              "numpy": np.__version__}},
+        trainer.modules, export_weights=keras_porting.export_weights, import_weights=keras_porting.import_weights,
+        sample_shape=data.dataset.sample_shape, log=log)
+    return loop.train(cfg, run, Session(trainer, data, runtime, jit_compile=cfg.xla), len(data), log=log)
