@@ -91,8 +91,8 @@ class GAN:
 
 def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> dict:
     """A GAN script's main() after its flags: set up the device and precision (the global
-    policy, before any layer is built), load the data, build G and D for it
-    (`build_networks(data_shape)`), and train with the model's hparams (Z_DIM, PIXEL_RANGE)."""
+    policy, before any layer is built), load the data in the range of the model's
+    hparams.PIXEL_RANGE, build G and D for it (`build_networks(data_shape)`), and train."""
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
     networks = build_networks(data.sample_shape)
