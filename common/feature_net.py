@@ -35,9 +35,9 @@ NUM_CLASSES = 10
 RETRAIN = "python scripts/train_feature_net.py"
 _RANGE_SLACK = 1e-3  # floats from a sigmoid or a resize may stray this far outside [0, 1]
 KERNEL = 5  # both convolutions are 5x5, unpadded, stride 1
-# Images per im2col pass: the working set (about 20 MB) then stays in cache, which made the
-# forward pass twice as fast as 500 at a time; it also bounds memory whatever the batch size.
-_IMAGES_PER_PASS = 64
+# Images per pass: the im2col working set (about 20 MB) then stays in cache, which made the
+# forward pass twice as fast as 500 at a time; it also bounds memory however many are scored.
+IMAGES_PER_PASS = 64
 
 # The arrays of the weights file: PyTorch's state_dict names and shapes, in its order (the
 # training script saves the state_dict as it is; Conv2d weights are (out, in, kh, kw)).
@@ -81,13 +81,9 @@ class FeatureNet:
         self.fc2_matrix, self.fc2_bias = np.ascontiguousarray(weights["fc2.weight"].T), weights["fc2.bias"]
 
     def features(self, pixels: np.ndarray) -> np.ndarray:
-        """(N, 1, 28, 28) float32 in [0, 1] (to_network_input) -> (N, 128) float32 post-ReLU
-        activations of the feature layer."""
-        if len(pixels) > _IMAGES_PER_PASS:
-            return np.concatenate([self.features(pixels[start:start + _IMAGES_PER_PASS])
-                                   for start in range(0, len(pixels), _IMAGES_PER_PASS)])
-        images = pixels.transpose(0, 2, 3, 1)  # NHWC inside: channels innermost for the im2col rows
-        images = _conv_max_pool_relu(images, self.conv1_matrix, self.conv1_bias)  # (N, 12, 12, 32)
+        """(N, 28, 28, 1) float32 in [0, 1] (to_network_input) -> (N, 128) float32 post-ReLU
+        activations of the feature layer. NHWC: channels innermost for the im2col rows."""
+        images = _conv_max_pool_relu(pixels, self.conv1_matrix, self.conv1_bias)  # (N, 12, 12, 32)
         images = _conv_max_pool_relu(images, self.conv2_matrix, self.conv2_bias)  # (N, 4, 4, 64)
         flat = images.transpose(0, 3, 1, 2).reshape(len(images), -1)  # (C, H, W), as fc1 was trained on
         return np.maximum(flat @ self.fc1_matrix + self.fc1_bias, 0.0)
@@ -99,7 +95,7 @@ class FeatureNet:
 
 def to_network_input(images: np.ndarray) -> np.ndarray:
     """The one place images become network input: NHWC uint8 (0..255) or float ([0, 1]) ->
-    contiguous float32 NCHW array in [0, 1]."""
+    float32 NHWC in [0, 1]."""
     images = np.asarray(images)
     if images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
         raise ValueError(f"the feature net takes NHWC images of shape (N, 28, 28, 1), got {images.shape}; "
@@ -114,7 +110,7 @@ def to_network_input(images: np.ndarray) -> np.ndarray:
         pixels = np.clip(images, 0.0, 1.0).astype(np.float32)
     else:
         raise ValueError(f"images must be uint8 or float, got {images.dtype}")
-    return np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))
+    return pixels
 
 
 def load_feature_net(path: str | Path = DEFAULT_WEIGHTS) -> FeatureNet:
@@ -146,11 +142,11 @@ def _default_net() -> FeatureNet:
     return load_feature_net(DEFAULT_WEIGHTS)
 
 
-def features_and_logits(images: np.ndarray, batch_size: int = 500,
+def features_and_logits(images: np.ndarray, batch_size: int = IMAGES_PER_PASS,
                         net: FeatureNet | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(N, 128) features for FID and precision/recall and (N, 10) class logits for class
     coverage, both float64, of NHWC images (see to_network_input for the accepted ranges).
-    Uses the committed weights unless net is given; batch_size images are converted at a time."""
+    Uses the committed weights unless net is given; batch_size images go through at a time."""
     net = _default_net() if net is None else net
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")

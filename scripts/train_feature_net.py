@@ -58,7 +58,7 @@ class MnistFeatureNet(nn.Module):
 def network_input_tensor(images: np.ndarray) -> torch.Tensor:
     """NHWC uint8 or [0, 1] float images -> float32 NCHW tensor in [0, 1], with the numpy net's
     own conversion and checks (common.feature_net.to_network_input), so both see the same pixels."""
-    return torch.from_numpy(to_network_input(images))
+    return torch.from_numpy(np.ascontiguousarray(to_network_input(images).transpose(0, 3, 1, 2)))  # NHWC -> NCHW
 
 
 def state_to_arrays(net: MnistFeatureNet) -> dict[str, np.ndarray]:
