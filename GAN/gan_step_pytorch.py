@@ -73,9 +73,8 @@ class GAN:
         return {"d_loss": d_loss.detach(), "g_loss": g_loss.detach()}
 
     def generate(self, z: torch.Tensor) -> torch.Tensor:
-        """G(z) in float32, under the run's precision (the session puts G in eval mode)."""
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            return self.generator(z).float()
+        """G(z) in float32 (the session runs it in eval mode, under the run's precision)."""
+        return self.generator(z).float()
 
     def sample(self, z: np.ndarray) -> np.ndarray:
         """Samples for common/evaluation.py: NHWC images in [0, 1], or 2-D points."""

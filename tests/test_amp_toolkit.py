@@ -232,6 +232,25 @@ def test_precision_report_shows_what_ran_in_16_bits_pytorch(tmp_path, capsys):
     assert plain["final"] == reported["final"]
 
 
+@pytest.mark.parametrize("amp, dtype", [(True, "bfloat16"), (False, "float32")])
+def test_sample_grids_and_evaluation_run_under_the_runs_precision_pytorch(amp, dtype, tmp_path, monkeypatch):
+    """The session runs inference (grids at step 0 and the end, --evaluate's samples) under the
+    autocast of the training step; its hidden layer shows which precision ran."""
+    from GAN import gan_step_pytorch
+    from GAN.vanilla_gan import gan_pytorch
+
+    seen = []
+    original = gan_step_pytorch.GAN.generate
+
+    def spy(self, z):
+        seen.append(str(self.generator.hidden(z).dtype).replace("torch.", ""))
+        return original(self, z)
+
+    monkeypatch.setattr(gan_step_pytorch.GAN, "generate", spy)
+    gan_pytorch.main(["--out", str(tmp_path / "run"), *TINY, "--evaluate", "100", *(["--amp"] if amp else [])])
+    assert len(seen) == 3 and set(seen) == {dtype}  # step 0, the last step, the evaluation
+
+
 def test_precision_report_shows_what_ran_in_16_bits_tensorflow(tmp_path, capsys):
     import keras
 

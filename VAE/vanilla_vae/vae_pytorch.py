@@ -131,22 +131,20 @@ class VAE:
         self.scaler.update()
         return {"loss": loss.detach(), "recon": recon.detach(), "kl": kl.detach()}
 
-    # --- evaluation (common/evaluation.py): numpy in, numpy out, NHWC images in [0, 1] ---
+    # --- evaluation (common/evaluation.py): numpy in, numpy out, NHWC images in [0, 1]; the
+    # session runs these, and write_samples, in eval mode under the run's precision ---
     def sample(self, z):
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            logits = self.decoder(torch.from_numpy(z).to(self.device))
+        logits = self.decoder(torch.from_numpy(z).to(self.device))
         return to_numpy_images(torch.sigmoid(logits.float()))
 
     def encode(self, x):
         images = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(self.device)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            mean, logvar = self.encoder(images)
+        mean, logvar = self.encoder(images)
         return mean.float().cpu().numpy(), logvar.float().cpu().numpy()
 
     def decode_logits(self, z):
         """Flattened in (H, W, C) order, as the images they score."""
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            logits = self.decoder(torch.from_numpy(z).to(self.device))
+        logits = self.decoder(torch.from_numpy(z).to(self.device))
         return to_numpy_images(logits.float()).reshape(len(z), -1)
 
     def write_samples(self, run, step: int):
@@ -159,10 +157,9 @@ class VAE:
             self._fixed_noise = torch.from_numpy(noise).to(device)
             images = datasets.fixed_test_images(self.cfg, hparams.RECONSTRUCTION_COUNT)  # NHWC
             self._test_images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            samples = torch.sigmoid(self.decoder(self._fixed_noise).float())
-            mean, _ = self.encoder(self._test_images)
-            reconstructions = torch.sigmoid(self.decoder(mean).float())
+        samples = torch.sigmoid(self.decoder(self._fixed_noise).float())
+        mean, _ = self.encoder(self._test_images)
+        reconstructions = torch.sigmoid(self.decoder(mean).float())
         sampling.save_image_grid(to_numpy_images(samples), run.sample_path(step),
                                  value_range=hparams.PIXEL_RANGE)
         sampling.save_reconstruction_grid(to_numpy_images(self._test_images),

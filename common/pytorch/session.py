@@ -79,13 +79,16 @@ class Session:
 
     @contextlib.contextmanager
     def _inference(self):
-        """Eval mode (batch norm on its running statistics) and no autograd, then back."""
+        """Eval mode (batch norm on its running statistics), no autograd, and the run's
+        precision (autocast, as in the training step), then back to training."""
         for module in self.trainer.modules.values():
             module.eval()
+        dtype = self.runtime.compute_dtype
         try:
             # Under --compile, sample grids and evaluation (other batch sizes, eval mode) run
             # eagerly rather than compiling graphs used once.
-            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"), \
+                    torch.autocast(self.runtime.device.type, dtype=dtype, enabled=dtype is not None):
                 yield
         finally:
             for module in self.trainer.modules.values():
