@@ -194,9 +194,9 @@ class Batches:
 
 
 class StepClock:
-    """Wall time per training step: what passes between two readings, less the time spent
-    in outputs (samples, checkpoints, the profiler's table), with queued device work waited
-    for at both ends."""
+    """Wall time per training step: what passes between restarts, less the time spent in
+    outputs (samples, checkpoints, the profiler's table). A pause first waits for the device
+    work queued before it; a reading comes after the interval's fetch, which waits too."""
 
     def __init__(self, session: Session):
         self.session = session
