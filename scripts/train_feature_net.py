@@ -1,6 +1,9 @@
-"""Train the MNIST feature net used for FID and precision/recall, and save its weights.
+"""Train the MNIST feature net used for FID and precision/recall, and save its weights; or
+measure what AMP does to a classifier, the table AMP tutorials show.
 
-    python scripts/train_feature_net.py
+    python scripts/train_feature_net.py                       # the committed weights
+    python scripts/train_feature_net.py --amp --out net.npz   # trained under AMP, kept elsewhere
+    python scripts/train_feature_net.py --precisions fp32 amp --table-out feature_net_amp.md
 
 The only place the net exists in PyTorch: common/feature_net.py runs the same forward pass in
 numpy from the saved arrays (so that scoring a run imports no framework), and
@@ -9,13 +12,26 @@ tests/test_feature_net.py checks that the two agree.
 Reproducible: fixed seed, deterministic algorithms, CPU, one thread. Trains on the 60,000
 MNIST training images (the embedded copy), reports accuracy on all 10,000 test images, and
 writes common/assets/mnist_feature_net.npz (plain float32 arrays) atomically. Exits with status
-1 and keeps any existing weights if test accuracy is below 99%.
+1 and keeps any existing weights if test accuracy is below 99%. Only that run writes the
+committed weights by default: under --amp, --data-limit, --test-limit, a non-CPU --device or
+--result-json the weights are written only to an explicit --out (same 99% gate).
+
+--amp trains under torch.autocast (bfloat16 on CPU, float16 with a GradScaler on CUDA, or
+--amp-dtype), and the test accuracy is measured under the same autocast. Each epoch prints its
+training time (the training loop only, not the test pass) and the run ends with the median
+s/epoch and the peak memory: the process's peak resident set on a CPU (data and libraries
+included), torch.cuda.max_memory_allocated on a GPU. --precisions runs each precision in a
+fresh process (the resident set is per process) and prints the markdown table.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,12 +41,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from common import cpu
 from common import data as datasets
-from common.errors import UserError, exit_on_user_error
+from common.config import RunConfig, _OneLineErrorParser
+from common.errors import UsageError, UserError, exit_on_user_error
 from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
+from common.pytorch import runtime as torch_runtime
 from common.runs import atomic_write
+from scripts.benchmark import PRECISION_FLAGS
 
 MIN_TEST_ACCURACY = 0.99
+TABLE_PRECISIONS = {"amp": ["--amp"], **PRECISION_FLAGS}  # amp: --amp's own choice for the device
 
 
 class MnistFeatureNet(nn.Module):
@@ -67,74 +88,183 @@ def state_to_arrays(net: MnistFeatureNet) -> dict[str, np.ndarray]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _OneLineErrorParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate; divided by 10 for the last epoch")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS)
+    parser.add_argument("--amp", action="store_true",
+                        help="automatic mixed precision: bfloat16 on CPU, float16 + loss scaling on CUDA")
+    parser.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
+                        help="override the AMP compute dtype (needs --amp)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                        help="default cpu: the committed weights are the CPU run's, bit for bit")
+    parser.add_argument("--data-limit", type=int, help="train on the first N training images only")
+    parser.add_argument("--test-limit", type=int,
+                        help="test on the first N test images (default: all; --data-limit / 6 with --data-limit)")
+    parser.add_argument("--out", type=Path,
+                        help="where to write the weights (default: common/assets/mnist_feature_net.npz "
+                             "from the reproducible run only, nowhere otherwise)")
+    parser.add_argument("--result-json", type=Path, help="also write the run's measurements to this JSON file")
+    parser.add_argument("--precisions", nargs="+", choices=tuple(TABLE_PRECISIONS),
+                        help="train once per precision, each in a fresh process, and print the markdown table")
+    parser.add_argument("--table-out", type=Path, help="with --precisions: also write the table to this file")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         parser.error("--epochs and --batch-size must be at least 1 and --lr positive")
+    if any(limit is not None and limit < 1 for limit in (args.data_limit, args.test_limit)):
+        parser.error("--data-limit and --test-limit must be at least 1")
+    if args.amp_dtype != "auto" and not args.amp:
+        raise UsageError(f"--amp-dtype {args.amp_dtype} needs --amp")
+    if args.precisions:
+        clashing = [flag for flag, value in (("--amp", args.amp), ("--out", args.out),
+                                             ("--result-json", args.result_json)) if value]
+        if clashing:
+            raise UsageError(f"--precisions sets the precision of each run and keeps no weights: "
+                             f"drop {', '.join(clashing)}")
+    elif args.table_out:
+        raise UsageError("--table-out needs --precisions")
     return args
 
 
-def accuracy(net: MnistFeatureNet, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000) -> float:
+def weights_destination(args: argparse.Namespace) -> Path | None:
+    """--out if given; else the committed weights, from the reproducible float32 CPU run on all
+    the data only, so that an AMP, data-limited or GPU run never silently replaces them."""
+    if args.out:
+        return args.out
+    if args.amp or args.data_limit or args.test_limit or args.device != "cpu" or args.result_json:
+        return None
+    return DEFAULT_WEIGHTS
+
+
+def accuracy(net: MnistFeatureNet, inputs: torch.Tensor, labels: torch.Tensor, runtime: torch_runtime.Runtime,
+             batch_size: int = 1000) -> float:
+    """Test accuracy under the training run's autocast (float32 without --amp)."""
     net.eval()
-    correct = 0
-    with torch.no_grad():
-        for start in range(0, len(images), batch_size):
-            logits = net(network_input_tensor(images[start:start + batch_size]))
-            correct += int((logits.argmax(dim=1).numpy() == labels[start:start + batch_size]).sum())
-    return correct / len(images)
+    correct = torch.zeros((), dtype=torch.int64, device=inputs.device)
+    dtype = runtime.compute_dtype
+    with torch.no_grad(), torch.autocast(runtime.device.type, dtype=dtype, enabled=dtype is not None):
+        for start in range(0, len(inputs), batch_size):
+            logits = net(inputs[start:start + batch_size])
+            correct += (logits.argmax(dim=1) == labels[start:start + batch_size]).sum()
+    return correct.item() / len(inputs)
 
 
-def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, float]:
-    """The trained net and its test accuracy."""
-    torch.manual_seed(args.seed)
+def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, dict]:
+    """The trained net and the run's measurements (precision, s/epoch, peak memory, test accuracy)."""
+    runtime = torch_runtime.setup(RunConfig(model="mnist_feature_net", framework="pytorch", amp=args.amp,
+                                            amp_dtype=args.amp_dtype, device=args.device, seed=args.seed))
+    device, dtype, scaler = runtime.device, runtime.compute_dtype, runtime.scaler
     order_rng = np.random.default_rng(args.seed)
-    train_set = datasets.load_dataset("mnist", split="train")
-    test_set = datasets.load_dataset("mnist", split="test")
-    inputs, labels = network_input_tensor(train_set.x), torch.from_numpy(train_set.y)
-    net = MnistFeatureNet()
+    test_limit = args.test_limit or (max(1, args.data_limit // 6) if args.data_limit else None)
+    train_set = datasets.load_dataset("mnist", split="train", limit=args.data_limit)
+    test_set = datasets.load_dataset("mnist", split="test", limit=test_limit)
+    inputs, labels = network_input_tensor(train_set.x).to(device), torch.from_numpy(train_set.y).to(device)
+    test_inputs, test_labels = network_input_tensor(test_set.x).to(device), torch.from_numpy(test_set.y).to(device)
+    net = runtime.place(MnistFeatureNet())
     optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
+    epoch_seconds = []
     for epoch in range(args.epochs):
         if epoch == args.epochs - 1 and args.epochs > 1:
             for group in optimizer.param_groups:  # a short low-rate epoch settles the weights
                 group["lr"] = args.lr / 10
         net.train()
-        order = torch.from_numpy(order_rng.permutation(len(inputs)))
-        total_loss = 0.0
+        order = torch.from_numpy(order_rng.permutation(len(inputs))).to(device)
+        total_loss = torch.zeros((), dtype=torch.float64, device=device)  # read once per epoch
+        started = time.perf_counter()
         for start in range(0, len(order), args.batch_size):
             batch = order[start:start + args.batch_size]
-            loss = torch.nn.functional.cross_entropy(net(inputs[batch]), labels[batch])
+            # The AMP training step as the PyTorch docs write it. Under bfloat16 the scaler is
+            # disabled and its three calls are plain backward(), optimizer.step() and nothing.
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = net(inputs[batch])
+            loss = nn.functional.cross_entropy(logits.float(), labels[batch])  # the loss in float32
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total_loss += loss.item() * len(batch)
-        test_accuracy = accuracy(net, test_set.x, test_set.y)
-        print(f"epoch {epoch + 1}/{args.epochs}: train loss {total_loss / len(order):.4f}, "
-              f"test accuracy {test_accuracy:.4f}", flush=True)
-    return net, test_accuracy
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            total_loss += loss.detach().double() * len(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the GPU's work, not just its queueing
+        epoch_seconds.append(time.perf_counter() - started)
+        test_accuracy = accuracy(net, test_inputs, test_labels, runtime)
+        print(f"epoch {epoch + 1}/{args.epochs}: {epoch_seconds[-1]:.2f} s, train loss "
+              f"{total_loss.item() / len(order):.4f}, test accuracy {test_accuracy:.4f}", flush=True)
+    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
+               else f"{cpu.summary()}, {torch.get_num_threads()} thread(s)")
+    return net, {"precision": runtime.precision, "device": device.type, "machine": machine,
+                 "torch": torch.__version__, "epochs": args.epochs, "batch_size": args.batch_size,
+                 "train_images": len(inputs), "test_images": len(test_inputs), "epoch_seconds": epoch_seconds,
+                 "median_epoch_s": statistics.median(epoch_seconds), "peak_memory_mb": runtime.peak_memory_mb(),
+                 "test_accuracy": test_accuracy}
+
+
+def markdown(results: list[dict]) -> str:
+    """The side-by-side table, and under it what it was measured on."""
+    lines = ["| precision | median s/epoch | peak memory MB | test accuracy |", "|---|---|---|---|"]
+    lines += [f"| {r['precision']} | {r['median_epoch_s']:.2f} | {r['peak_memory_mb']:.0f} | {r['test_accuracy']:.4f} |"
+              for r in results]
+    first = results[0]
+    memory = ("torch.cuda.max_memory_allocated" if first["device"] == "cuda"
+              else "the process's peak resident set (data and libraries included)")
+    lines += ["", f"MNIST feature net, {first['epochs']} epoch(s) on {first['train_images']:,} images "
+                  f"(batch {first['batch_size']}), test accuracy on {first['test_images']:,} images under "
+                  f"the run's autocast; {first['device']}: {first['machine']}; torch {first['torch']}; "
+                  f"peak memory: {memory}; each precision in a fresh process."]
+    return "\n".join(lines)
+
+
+def run_precisions(args: argparse.Namespace) -> str:
+    """Each precision in a fresh process (peak memory is per process), then the table."""
+    shared = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
+              "--seed", str(args.seed), "--device", args.device]
+    for flag, value in (("--data-limit", args.data_limit), ("--test-limit", args.test_limit)):
+        if value is not None:
+            shared += [flag, str(value)]
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        for precision in args.precisions:
+            result_path = Path(folder) / f"{precision}.json"
+            print(f"== {precision}", flush=True)
+            status = subprocess.run([sys.executable, __file__, *shared, *TABLE_PRECISIONS[precision],
+                                     "--result-json", str(result_path)]).returncode
+            if status != 0:
+                raise UserError(f"the {precision} run failed (exit {status}); its error is above")
+            results.append(json.loads(result_path.read_text()))
+    return markdown(results)
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.precisions:
+        table = run_precisions(args)
+        print(table)
+        if args.table_out:
+            args.table_out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(args.table_out, lambda file: file.write((table + "\n").encode()))
+            print(f"wrote {args.table_out}")
+        return
     torch.set_num_threads(1)  # reproducible, and leaves the other cores to whatever else runs
-    torch.use_deterministic_algorithms(True)
-    started = time.perf_counter()
-    net, test_accuracy = train(args)
-    minutes = (time.perf_counter() - started) / 60
-    print(f"test accuracy {test_accuracy:.4f} on 10,000 MNIST test images after {minutes:.1f} min")
-    if test_accuracy < MIN_TEST_ACCURACY:
-        raise UserError(f"test accuracy {test_accuracy:.4f} is below {MIN_TEST_ACCURACY}; weights not saved, "
-                        "train longer with --epochs")
+    net, result = train(args)
+    print(f"{result['precision']}: median {result['median_epoch_s']:.2f} s/epoch, peak memory "
+          f"{result['peak_memory_mb']:.0f} MB, test accuracy {result['test_accuracy']:.4f} on "
+          f"{result['test_images']:,} MNIST test images")
+    if args.result_json:
+        atomic_write(args.result_json, lambda file: file.write(json.dumps(result, indent=2).encode()))
+    destination = weights_destination(args)
+    if destination is None:
+        print(f"weights not written: only the reproducible run (float32, CPU, all the data) replaces "
+              f"{DEFAULT_WEIGHTS.name}; pass --out PATH to keep these")
+        return
+    if result["test_accuracy"] < MIN_TEST_ACCURACY:
+        raise UserError(f"test accuracy {result['test_accuracy']:.4f} is below {MIN_TEST_ACCURACY}; "
+                        "weights not saved, train longer with --epochs")
     buffer = io.BytesIO()
-    np.savez(buffer, **state_to_arrays(net), meta_test_accuracy=np.float64(test_accuracy))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.out, lambda file: file.write(buffer.getvalue()))
-    print(f"wrote {args.out}")
+    np.savez(buffer, **state_to_arrays(net), meta_test_accuracy=np.float64(result["test_accuracy"]))
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(destination, lambda file: file.write(buffer.getvalue()))
+    print(f"wrote {destination}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The committed MNIST feature net: it classifies, its features are stable, its numpy forward
 pass is the PyTorch net it was trained as, it imports no framework, and a bad weights file is a
-one-line CheckpointError."""
+one-line CheckpointError. The training script: --amp trains and tests under autocast, float32
+training is reproducible, only the reproducible run writes the committed weights, --precisions
+prints the side-by-side table, and bad flags are one-line errors."""
 
 import subprocess
 import sys
@@ -135,3 +137,97 @@ def test_scoring_imports_no_deep_learning_framework():
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+TINY = ["--data-limit", "256", "--epochs", "1"]
+
+
+@pytest.fixture
+def training_script(monkeypatch, tmp_path):
+    """The script's module, with its committed-weights path pointing into tmp_path; restores the
+    thread count that main() sets to one."""
+    import torch
+
+    from scripts import train_feature_net
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(train_feature_net, "DEFAULT_WEIGHTS", tmp_path / "committed.npz")
+    yield train_feature_net
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_amp_trains_and_tests_in_bfloat16_on_cpu(training_script, amp):
+    """The feature layer's output dtype, seen by a hook, in the training steps (grad enabled)
+    and in the test pass (no grad): removing either autocast fails this."""
+    import torch
+
+    seen = {True: set(), False: set()}
+
+    def record(module, inputs, output):
+        if isinstance(module, torch.nn.Linear) and module.out_features == feature_net.FEATURE_DIM:
+            seen[torch.is_grad_enabled()].add(output.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        _, result = training_script.train(training_script.parse_args(TINY + (["--amp"] if amp else [])))
+    finally:
+        handle.remove()
+    expected = torch.bfloat16 if amp else torch.float32
+    assert seen == {True: {expected}, False: {expected}}
+    assert result["precision"] == ("amp-bf16" if amp else "fp32")
+
+
+def test_float32_training_is_reproducible(training_script):
+    args = training_script.parse_args(["--data-limit", "256", "--epochs", "2"])  # 2: the low-rate epoch too
+    first, first_result = training_script.train(args)
+    again, again_result = training_script.train(args)
+    for (name, array), other in zip(training_script.state_to_arrays(first).items(),
+                                    training_script.state_to_arrays(again).values()):
+        np.testing.assert_array_equal(array, other, err_msg=name)
+    assert first_result["test_accuracy"] == again_result["test_accuracy"]
+    assert len(first_result["epoch_seconds"]) == 2 and first_result["peak_memory_mb"] > 0
+
+
+def test_only_the_reproducible_run_writes_the_committed_weights(training_script, tmp_path, monkeypatch):
+    committed = training_script.DEFAULT_WEIGHTS
+    real_asset = feature_net.DEFAULT_WEIGHTS.read_bytes()
+    assert training_script.weights_destination(training_script.parse_args([])) == committed
+    monkeypatch.setattr(training_script, "MIN_TEST_ACCURACY", 0.0)  # so that only the destination rule stops a write
+    for flags in (["--amp"], [], ["--amp", "--amp-dtype", "bfloat16"]):
+        training_script.main(TINY + flags)
+    assert not committed.exists()
+    explicit = tmp_path / "explicit.npz"
+    training_script.main(TINY + ["--amp", "--out", str(explicit)])
+    feature_net.load_feature_net(explicit)  # a weights file that fits the network
+    assert not committed.exists() and feature_net.DEFAULT_WEIGHTS.read_bytes() == real_asset
+
+
+def test_the_accuracy_gate_still_guards_an_explicit_out(training_script, tmp_path, capsys):
+    explicit = tmp_path / "explicit.npz"
+    with pytest.raises(SystemExit) as exit_info:
+        training_script.main(TINY + ["--out", str(explicit)])
+    assert exit_info.value.code == 1 and not explicit.exists()
+    assert "below 0.99; weights not saved" in capsys.readouterr().err
+
+
+def test_precisions_print_the_side_by_side_table(training_script, tmp_path):
+    table_path = tmp_path / "table.md"
+    training_script.main(TINY + ["--precisions", "fp32", "amp", "--table-out", str(table_path)])
+    rows = [line.strip("|").split("|") for line in table_path.read_text().splitlines()
+            if line.startswith("| ") and "precision" not in line]
+    assert [row[0].strip() for row in rows] == ["fp32", "amp-bf16"]
+    for _, seconds, memory, accuracy in rows:
+        assert float(seconds) > 0 and float(memory) > 0 and 0 <= float(accuracy) <= 1
+    assert "avx512_bf16" in table_path.read_text() and not training_script.DEFAULT_WEIGHTS.exists()
+
+
+@pytest.mark.parametrize("flags", [["--amp-dtype", "float16"], ["--precisions", "fp32", "--amp"],
+                                   ["--table-out", "table.md"], ["--data-limit", "0"], ["--precisions", "fp64"],
+                                   ["--device", "tpu"]])
+def test_bad_flags_are_one_line_errors(training_script, capsys, flags):
+    with pytest.raises(SystemExit) as exit_info:
+        training_script.main(flags)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "error:" in error

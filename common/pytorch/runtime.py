@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import resource
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,13 @@ class Runtime:
         if self.device.type == "cuda":
             module = module.to(memory_format=torch.channels_last)
         return module
+
+    def peak_memory_mb(self) -> float:
+        """The CUDA allocator's peak on a GPU; on a CPU the process's peak resident set
+        (libraries and data included: compare runs only in fresh processes)."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def setup(cfg: RunConfig, log=print) -> Runtime:

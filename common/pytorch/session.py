@@ -4,7 +4,6 @@ twin."""
 from __future__ import annotations
 
 import contextlib
-import resource
 from typing import Protocol
 
 import numpy as np
@@ -103,9 +102,7 @@ class Session:
             return evaluation.evaluate(cfg, self.trainer)
 
     def peak_memory_mb(self) -> float:
-        if self.runtime.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.runtime.device) / 2**20
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        return self.runtime.peak_memory_mb()
 
 
 def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData, log=print) -> dict:
