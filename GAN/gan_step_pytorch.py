@@ -100,10 +100,10 @@ class GAN:
 def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> dict:
     """A GAN script's main() after its flags: set up the device and precision, load the data
     in the range of the model's hparams.PIXEL_RANGE, build G and D for it
-    (`build_networks(data_shape)`), and train."""
+    (`build_networks(data_shape, width)`), and train."""
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    networks = build_networks(data.sample_shape)
+    networks = build_networks(data.sample_shape, cfg.width)
     gan = GAN(networks["generator"], networks["discriminator"], discriminator_loss, generator_loss,
               hparams.Z_DIM, cfg, runtime, data)
     return fit(cfg, runtime, gan, data)

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import models
+from common import cpu, models
 from common.errors import UsageError
 
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
@@ -70,13 +70,14 @@ class RunConfig:
     xla: bool = False
     compile: bool = False
     workers: int = 0
+    width: int = 64
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
 
 # Settings that must match for --resume to continue a run bit-exactly; --iters may grow.
-RESUME_KEYS = ("model", "framework", "batch_size", "lr", "beta1", "beta2", "optimizer",
+RESUME_KEYS = ("model", "framework", "width", "batch_size", "lr", "beta1", "beta2", "optimizer",
                "weight_decay", "seed", "dataset", "data_dir", "data_limit", "image_size")
 
 
@@ -162,6 +163,11 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     precision.add_argument("--nonfinite-patience", type=_positive_int,
                            help="stop (with a checkpoint) when the losses have been inf/NaN for "
                                 "this many steps")
+
+    model_group = parser.add_argument_group("model")
+    model_group.add_argument("--width", type=_positive_int,
+                             help="the networks' width: hidden units of an MLP; DCGAN's base "
+                                  "channels (G's last hidden layer, D's first)")
 
     training = parser.add_argument_group("training")
     training.add_argument("--iters", type=_positive_int, help="training iterations")
@@ -294,17 +300,8 @@ def describe_precision(precision: str, device_type: str) -> str:
                     if precision == "amp-fp16" and device_type == "cpu" else "")
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: without either, CPU bfloat16 matmuls are emulated."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True  # not Linux: do not guess
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def warn_if_bf16_emulated(precision: str, device_type: str, log=print) -> None:
-    if precision == "amp-bf16" and device_type == "cpu" and not cpu_has_native_bf16():
+    if precision == "amp-bf16" and device_type == "cpu" and not cpu.has_native_bf16():
         log("note: this CPU has no native bfloat16 (no AVX512-BF16/AMX), so bf16 matmuls are "
             "emulated and AMP runs slower than float32 here; see the README's benchmark")
 

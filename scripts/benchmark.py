@@ -7,6 +7,11 @@ peak memory for every model x framework x precision, each configuration in a fre
     python scripts/benchmark.py --compiled                        # also torch.compile / XLA rows
     python scripts/benchmark.py --models vanilla_gan --repeat 3   # median of 3 runs, with the range
     python scripts/benchmark.py --workers 2                       # also rows with the host loader
+    python scripts/benchmark.py --preset paper-dcgan              # DCGAN at the paper's size (below)
+
+The paper-dcgan preset is the DCGAN of Radford et al. and of the PyTorch DCGAN example:
+64x64 images (MNIST resized), width 64 (ngf = ndf = 64), batch 64, 40 steps; flags given
+after it win (`--preset paper-dcgan --batch-size 256`).
 
 A configuration is the model's own script run with `--iters N --log-every W` and no sampling
 or checkpointing until the end; its summary.json gives the median of the per-interval step
@@ -14,6 +19,8 @@ times, leaving out the first interval (graph tracing, allocator and cuDNN warm-u
 memory is the CUDA allocator's peak on a GPU and the process's peak resident set on a CPU
 (libraries included). The load average before each configuration is recorded: another
 process on the machine slows PyTorch's CPU threads sharply, so take figures on a quiet one.
+The CPU is recorded too (model, cores, AVX512-BF16 and AMX present or not): what bfloat16
+costs depends on it more than on anything else.
 Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
@@ -28,13 +35,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import models
+from common import cpu, models
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.runs import atomic_write
 
 PRECISION_FLAGS = {"fp32": [], "amp-bf16": ["--amp", "--amp-dtype", "bfloat16"],
                    "amp-fp16": ["--amp", "--amp-dtype", "float16"]}
 COMPILERS = {"pytorch": ("torch.compile", "--compile"), "tensorflow": ("XLA", "--xla")}
+PRESETS = {
+    "paper-dcgan": dict(models=["dcgan"], iters=40, log_every=10,
+                        flags=["--image-size", "64", "--width", "64", "--batch-size", "64"]),
+}
 
 
 def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, args) -> dict:
@@ -62,8 +73,9 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
             "skipped_steps": summary["skipped_steps"], "load_average_before": load}
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| model | framework | precision | compiler | data | device | median ms/step | samples/s "
+def markdown(rows: list[dict], machine: dict) -> str:
+    lines = [f"CPU: {cpu.summary(machine['cpu'])}; flags: {' '.join(machine['flags']) or '-'}", "",
+             "| model | framework | precision | compiler | data | device | median ms/step | samples/s "
              "| speedup vs fp32 | peak MB | skipped |", "|" + "---|" * 11]
     for row in rows:
         speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
@@ -93,8 +105,13 @@ def main(argv=None) -> int:
                         help="also measure every configuration with the host loader of N workers")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
+    parser.add_argument("--preset", choices=tuple(PRESETS),
+                        help="a named configuration (its models, steps and flags; yours win)")
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark"))
+    preset = PRESETS.get(parser.parse_known_args(argv)[0].preset, {})
+    parser.set_defaults(**{key: value for key, value in preset.items() if key != "flags"})
     args, args.flags = parser.parse_known_args(argv)
+    args.flags = [*preset.get("flags", []), *args.flags]  # a model script takes a flag's last value
     args.models = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
     if args.repeat < 1 or args.workers < 0:
         raise UsageError("--repeat must be at least 1 and --workers at least 0")
@@ -119,11 +136,10 @@ def main(argv=None) -> int:
         elif (model, framework) in baselines:
             row["speedup"] = baselines[model, framework] / row["median_step_ms"]
         rows.append(row)
-    table = markdown(rows)
+    machine = {"platform": platform.platform(), "cpu": cpu.describe(), "iters": args.iters,
+               "log_every": args.log_every, "preset": args.preset, "flags": args.flags}
+    table = markdown(rows, machine)
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = {"platform": platform.platform(), "processor": platform.processor(),
-               "cpus": os.cpu_count(), "iters": args.iters, "log_every": args.log_every,
-               "flags": args.flags}
     atomic_write(args.out / "benchmark.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.out / "benchmark.json",
                  lambda f: f.write(json.dumps({"machine": machine, "rows": rows}, indent=2).encode()))

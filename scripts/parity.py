@@ -45,19 +45,21 @@ def keras_to_torch(model: keras.Model, module: torch.nn.Module, image_shape_hwc=
     torch_porting.import_weights(module, keras_porting.export_weights(model), image_shape_hwc)
 
 
-def networks(model: str, image_shape_hwc: tuple) -> list[tuple]:
+def networks(model: str, image_shape_hwc: tuple, width: int | None = None) -> list[tuple]:
     """(name, make_torch(), make_keras(), input) for each network of the model, built by the
-    `build_networks` of its two scripts; input is ("noise", dim) or ("image", value_range),
-    read from the Keras network's input shape and the model's hparams."""
+    `build_networks` of its two scripts at `width` (default: the model's); input is
+    ("noise", dim) or ("image", value_range), read from the Keras network's input shape and
+    the model's hparams."""
     entry = models.get(model)
-    height, width, channels = image_shape_hwc
+    width = width or entry.hparams.DEFAULTS["width"]
+    height, side, channels = image_shape_hwc
     torch_script, keras_script = entry.module("pytorch"), entry.module("tensorflow")
     found = []
-    for name, keras_net in keras_script.build_networks(image_shape_hwc).items():
+    for name, keras_net in keras_script.build_networks(image_shape_hwc, width).items():
         input_shape = tuple(keras_net.inputs[0].shape[1:])
         spec = ("noise", input_shape[0]) if len(input_shape) == 1 else ("image", entry.hparams.PIXEL_RANGE)
-        found.append((name, lambda name=name: torch_script.build_networks((channels, height, width))[name],
-                      lambda name=name: keras_script.build_networks(image_shape_hwc)[name], spec))
+        found.append((name, lambda name=name: torch_script.build_networks((channels, height, side), width)[name],
+                      lambda name=name: keras_script.build_networks(image_shape_hwc, width)[name], spec))
     return found
 
 

@@ -4,6 +4,8 @@ monitor records skipped steps, warns about a low loss scale and stops a run whos
 inf/NaN (with a checkpoint)."""
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -164,7 +166,7 @@ def test_gradient_clipping_sees_unscaled_gradients():
     runtime = setup(cfg, log=lambda *_: None)
     data = load_data(cfg, runtime, model.hparams.PIXEL_RANGE)
     steep = 50.0  # true gradient norms far above 0.5, and no float16 overflow at a scale of 1024
-    gan = GAN(model.Generator(data.sample_shape), model.Discriminator(data.sample_shape),
+    gan = GAN(model.Generator(data.sample_shape, cfg.width), model.Discriminator(data.sample_shape, cfg.width),
               lambda real, fake: steep * model.discriminator_loss(real, fake),
               lambda fake: steep * model.generator_loss(fake), model.hparams.Z_DIM, cfg, runtime, data)
     before = {name: [p.detach().clone() for p in m.parameters()] for name, m in gan.modules.items()}
@@ -285,14 +287,47 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys):
     assert amp["speedup"] == pytest.approx(fp32["median_step_ms"] / amp["median_step_ms"])
     assert "speedup" not in fp32 and fp32["peak_memory_mb"] > 0
     assert report["machine"]["flags"] == ["--data-limit", "128", "--batch-size", "32"]
+    from common import cpu
+
+    assert report["machine"]["cpu"] == cpu.describe()  # model name, cores, avx512_bf16, amx_bf16
     table = (tmp_path / "benchmark.md").read_text()
+    assert table.startswith(f"CPU: {cpu.summary()}; flags: --data-limit 128 --batch-size 32\n")
     low, high = amp["step_ms_runs"]
     assert f"| {amp['median_step_ms']:.2f} ({low:.2f}-{high:.2f}) |" in table
-    assert f"| {amp['speedup']:.2f}x |" in table and table.count("\n") == 4
+    assert f"| {amp['speedup']:.2f}x |" in table and table.count("\n|") == 4
 
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--iters", "3", "--log-every", "2"])
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
+
+
+def test_benchmark_paper_dcgan_preset_runs_dcgan_at_64x64_width_64_and_flags_after_it_win(tmp_path, monkeypatch):
+    from scripts import benchmark
+
+    commands = []
+
+    def fake_run(command, **_):
+        commands.append(command)
+        out = Path(command[command.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps({"median_step_ms": 10.0, "samples_per_s": 1.0,
+                                                      "peak_memory_mb": 1.0, "skipped_steps": 0}))
+        (out / "config.json").write_text(json.dumps({"precision": "fp32", "device": "cpu"}))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", fake_run)
+    assert benchmark.main(["--preset", "paper-dcgan", "--frameworks", "pytorch", "--precisions", "fp32",
+                           "--batch-size", "16", "--out", str(tmp_path)]) == 0
+    (command,) = commands
+    assert command[1].endswith("dcgan_pytorch.py")
+    flags = command[command.index("--workers") + 2:]
+    assert flags == ["--image-size", "64", "--width", "64", "--batch-size", "64", "--batch-size", "16"]
+    assert command[command.index("--iters") + 1] == "40" and command[command.index("--log-every") + 1] == "10"
+    from common.config import parse_args
+
+    cfg = parse_args("dcgan", "pytorch", flags)  # the script reads the last --batch-size
+    assert (cfg.image_size, cfg.width, cfg.batch_size) == (64, 64, 16)
+    assert json.loads((tmp_path / "benchmark.json").read_text())["machine"]["preset"] == "paper-dcgan"
 
 
 def test_benchmark_compiled_and_host_loader_rows_compare_with_eager_resident_fp32(tmp_path):

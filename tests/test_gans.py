@@ -74,17 +74,18 @@ def count_keras(model):
 @pytest.mark.parametrize("side", sorted(dcgan_hparams.GEOMETRY))
 @pytest.mark.parametrize("channels", [1, 3])
 def test_dcgan_shapes_and_twin_architectures_at_every_size(side, channels):
+    width = dcgan_hparams.WIDTH
     z = np.random.default_rng(0).standard_normal((2, dcgan_hparams.Z_DIM)).astype(np.float32)
 
-    generator = dcgan_pytorch.Generator((channels, side, side))
-    discriminator = dcgan_pytorch.Discriminator((channels, side, side))
+    generator = dcgan_pytorch.Generator((channels, side, side), width)
+    discriminator = dcgan_pytorch.Discriminator((channels, side, side), width)
     images = generator(torch.from_numpy(z))
     assert images.shape == (2, channels, side, side)
     assert images.abs().max() <= 1.0
     assert discriminator(images).shape == (2, 1)
 
-    keras_generator = dcgan_tensorflow.make_generator((side, side, channels))
-    keras_discriminator = dcgan_tensorflow.make_discriminator((side, side, channels))
+    keras_generator = dcgan_tensorflow.make_generator((side, side, channels), width)
+    keras_discriminator = dcgan_tensorflow.make_discriminator((side, side, channels), width)
     keras_images = keras_generator(z, training=False)
     assert tuple(keras_images.shape) == (2, side, side, channels)
     assert tuple(keras_discriminator(keras_images).shape) == (2, 1)
@@ -152,3 +153,24 @@ def test_tensorflow_dcgan_initialisation_is_reproducible_across_processes(tmp_pa
         assert a.files == b.files
         for key in a.files:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_width_flag_sets_dcgan_channels_in_both_frameworks_and_is_part_of_the_run(tmp_path, capsys):
+    """--width is ngf = ndf: at 64x64 and width 8, D's first convolution has 8 filters and G's
+    first has 8 * 2**3; both frameworks build the same weights, and a run resumes only at its width."""
+    shapes = {}
+    for framework in ("pytorch", "tensorflow"):
+        out = tmp_path / framework
+        SCRIPTS["dcgan", framework].main(["--out", str(out), *TINY, "--image-size", "64", "--width", "8"])
+        assert json.loads((out / "config.json").read_text())["width"] == 8
+        with np.load(out / "initial_weights.npz") as weights:
+            shapes[framework] = sorted(weights[key].shape for key in weights.files)
+    assert shapes["pytorch"] == shapes["tensorflow"]
+    kernels = [shape for shape in shapes["pytorch"] if len(shape) == 4]
+    channel_counts = {size for shape in kernels for size in shape[2:]}
+    assert {8, 64} <= channel_counts and 128 not in channel_counts  # the default width 32 would have 256
+
+    with pytest.raises(SystemExit):
+        SCRIPTS["dcgan", "pytorch"].main(["--out", str(tmp_path / "pytorch"), *TINY, "--image-size", "64",
+                                          "--width", "16", "--iters", "6", "--resume"])
+    assert "width: 8 -> 16" in capsys.readouterr().err

@@ -39,7 +39,7 @@ def test_gradscaler_skips_the_step_and_halves_the_scale():
     assert runtime.scaler.is_enabled() and runtime.compute_dtype == torch.float16
     data = load_data(cfg, runtime, model.hparams.PIXEL_RANGE)
     poison = Poison(model.discriminator_loss, lambda logits: logits.float().sum() * float("inf"))
-    gan = GAN(model.Generator(data.sample_shape), model.Discriminator(data.sample_shape), poison,
+    gan = GAN(model.Generator(data.sample_shape, cfg.width), model.Discriminator(data.sample_shape, cfg.width), poison,
               model.generator_loss, model.hparams.Z_DIM, cfg, runtime, data)
     session = Session(gan, data, runtime)
     step = lambda: session.train_step(torch.arange(16))["skipped"].item()
@@ -78,8 +78,9 @@ def test_loss_scale_optimizer_skips_the_step_and_halves_the_scale():
         data = load_data(cfg, runtime, model.hparams.PIXEL_RANGE)
         poison = Poison(model.discriminator_loss,
                         lambda logits: tf.reduce_sum(tf.cast(logits, tf.float32)) * np.inf)
-        gan = GAN(model.make_generator(data.sample_shape), model.make_discriminator(data.sample_shape),
-                  poison, model.generator_loss, model.hparams.Z_DIM, cfg, runtime, data)
+        gan = GAN(model.make_generator(data.sample_shape, cfg.width),
+                  model.make_discriminator(data.sample_shape, cfg.width), poison,
+                  model.generator_loss, model.hparams.Z_DIM, cfg, runtime, data)
         assert isinstance(gan.d_optimizer, keras.optimizers.LossScaleOptimizer)
         session = Session(gan, data, runtime)
         batch = data.batch(tf.range(16))

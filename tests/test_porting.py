@@ -65,8 +65,8 @@ def test_networks_that_are_not_twins_are_refused():
     from GAN.vanilla_gan import gan_pytorch
 
     with pytest.raises(ValueError, match="pairs with Dense, found Conv2DTranspose|not twins"):
-        parity.torch_to_keras(gan_pytorch.Generator((1, 28, 28)),
-                               dcgan_tensorflow.make_generator((28, 28, 1)))
+        parity.torch_to_keras(gan_pytorch.Generator((1, 28, 28), 128),
+                               dcgan_tensorflow.make_generator((28, 28, 1), 32))
 
 
 def test_parity_script_prints_every_row_and_passes(capsys):

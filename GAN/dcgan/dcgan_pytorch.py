@@ -45,11 +45,11 @@ def init_weights(module: nn.Module):
 
 
 class Generator(nn.Module):
-    def __init__(self, image_shape: tuple):
+    def __init__(self, image_shape: tuple, width: int):
         super().__init__()
-        channels, height, width = image_shape
-        base, upsamplings = hparams.geometry(height, width)
-        features = hparams.G_FEATURES * 2 ** (upsamplings - 1)
+        channels, height, image_width = image_shape
+        base, upsamplings = hparams.geometry(height, image_width)
+        features = width * 2 ** (upsamplings - 1)
         # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
         layers = [nn.ConvTranspose2d(hparams.Z_DIM, features, base, 1, 0, bias=False),
                   batch_norm(features), nn.ReLU()]
@@ -67,11 +67,11 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    def __init__(self, image_shape: tuple):
+    def __init__(self, image_shape: tuple, width: int):
         super().__init__()
-        channels, height, width = image_shape
-        base, downsamplings = hparams.geometry(height, width)
-        features = hparams.D_FEATURES
+        channels, height, image_width = image_shape
+        base, downsamplings = hparams.geometry(height, image_width)
+        features = width
         # 28x28x1 -> 14x14x32, no batch norm on the input
         layers = [nn.Conv2d(channels, features, 4, 2, 1, bias=False),
                   nn.LeakyReLU(hparams.LEAKY_SLOPE)]
@@ -88,9 +88,9 @@ class Discriminator(nn.Module):
         return self.out(self.body(x)).view(-1, 1)
 
 
-def build_networks(data_shape: tuple) -> dict[str, nn.Module]:
+def build_networks(data_shape: tuple, width: int) -> dict[str, nn.Module]:
     """G and D for images of this (C, H, W) shape: what main() trains, scripts/parity.py ports."""
-    return {"generator": Generator(data_shape), "discriminator": Discriminator(data_shape)}
+    return {"generator": Generator(data_shape, width), "discriminator": Discriminator(data_shape, width)}
 
 
 # The losses are the vanilla GAN's: non-saturating BCE on logits, in float32.

@@ -42,10 +42,10 @@ def batch_norm() -> layers.BatchNormalization:
         gamma_initializer=keras.initializers.RandomNormal(1.0, hparams.INIT_STD))
 
 
-def make_generator(image_shape: tuple) -> keras.Model:
-    height, width, channels = image_shape
-    base, upsamplings = hparams.geometry(height, width)
-    features = hparams.G_FEATURES * 2 ** (upsamplings - 1)
+def make_generator(image_shape: tuple, width: int) -> keras.Model:
+    height, image_width, channels = image_shape
+    base, upsamplings = hparams.geometry(height, image_width)
+    features = width * 2 ** (upsamplings - 1)
     # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
     stack = [keras.Input((hparams.Z_DIM,)), layers.Reshape((1, 1, hparams.Z_DIM)),
              layers.Conv2DTranspose(features, base, 1, "valid", **conv()),
@@ -60,10 +60,10 @@ def make_generator(image_shape: tuple) -> keras.Model:
     return keras.Sequential(stack, name="generator")
 
 
-def make_discriminator(image_shape: tuple) -> keras.Model:
-    height, width, _ = image_shape
-    base, downsamplings = hparams.geometry(height, width)
-    features = hparams.D_FEATURES
+def make_discriminator(image_shape: tuple, width: int) -> keras.Model:
+    height, image_width, _ = image_shape
+    base, downsamplings = hparams.geometry(height, image_width)
+    features = width
     # 28x28x1 -> 14x14x32, no batch norm on the input
     stack = [keras.Input(image_shape),
              layers.Conv2D(features, 4, 2, "same", **conv()),
@@ -78,9 +78,9 @@ def make_discriminator(image_shape: tuple) -> keras.Model:
     return keras.Sequential(stack, name="discriminator")
 
 
-def build_networks(data_shape: tuple) -> dict[str, keras.Model]:
+def build_networks(data_shape: tuple, width: int) -> dict[str, keras.Model]:
     """G and D for images of this (H, W, C) shape: what main() trains, scripts/parity.py ports."""
-    return {"generator": make_generator(data_shape), "discriminator": make_discriminator(data_shape)}
+    return {"generator": make_generator(data_shape, width), "discriminator": make_discriminator(data_shape, width)}
 
 
 # The losses are the vanilla GAN's: non-saturating BCE on logits, in float32.

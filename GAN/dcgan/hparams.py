@@ -6,10 +6,10 @@ Conv2DTranspose(4, 2, "same") on even sizes, and a k x k "valid" (transposed) co
 between 1x1 and k x k. (k=3 or 5 with stride 2 does not match: TF pads bottom/right.)
 """
 Z_DIM = 100
-# Channels of G's last hidden layer and D's first, doubled at each lower resolution. The paper
-# used 64 for 64x64 images on a GPU; 32 is plenty for MNIST and makes a CPU step ~4x cheaper.
-G_FEATURES = 32
-D_FEATURES = 32
+# The width (--width): channels of G's last hidden layer and D's first, doubled at each lower
+# resolution (ngf = ndf of the PyTorch DCGAN example). The paper used 64 for 64x64 images on a
+# GPU; 32 is plenty for MNIST and makes a CPU step ~4x cheaper.
+WIDTH = 32
 LEAKY_SLOPE = 0.2
 PIXEL_RANGE = (-1.0, 1.0)  # images are scaled to the range of G's tanh
 INIT_STD = 0.02        # conv weights ~ N(0, 0.02); batch-norm gamma ~ N(1, 0.02), beta = 0
@@ -20,6 +20,7 @@ BN_EPSILON = 1e-5      # PyTorch's default; Keras' is 1e-3
 GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
 
 DEFAULTS = dict(
+    width=WIDTH,
     iters=2000,
     batch_size=64,
     lr=2e-4,

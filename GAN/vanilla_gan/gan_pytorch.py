@@ -30,13 +30,13 @@ from GAN.vanilla_gan import hparams
 
 
 class Generator(nn.Module):
-    """z -> 128 (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
+    """z -> width (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
 
-    def __init__(self, data_shape: tuple):
+    def __init__(self, data_shape: tuple, width: int):
         super().__init__()
         self.data_shape, self.squash = data_shape, len(data_shape) == 3  # (C, H, W) images
-        self.hidden = nn.Sequential(nn.Linear(hparams.Z_DIM, hparams.HIDDEN), nn.ReLU())
-        self.out = FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
+        self.hidden = nn.Sequential(nn.Linear(hparams.Z_DIM, width), nn.ReLU())
+        self.out = FullPrecision(nn.Linear(width, math.prod(data_shape)))
         init_like_keras_dense(self)
 
     def forward(self, z):
@@ -47,25 +47,25 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """data -> 128 (LeakyReLU) -> one logit, computed in float32."""
+    """data -> width (LeakyReLU) -> one logit, computed in float32."""
 
-    def __init__(self, data_shape: tuple):
+    def __init__(self, data_shape: tuple, width: int):
         super().__init__()
         self.hidden = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(math.prod(data_shape), hparams.HIDDEN),
+            nn.Linear(math.prod(data_shape), width),
             nn.LeakyReLU(hparams.LEAKY_SLOPE),
         )
-        self.out = FullPrecision(nn.Linear(hparams.HIDDEN, 1))
+        self.out = FullPrecision(nn.Linear(width, 1))
         init_like_keras_dense(self)
 
     def forward(self, x):
         return self.out(self.hidden(x))
 
 
-def build_networks(data_shape: tuple) -> dict[str, nn.Module]:
+def build_networks(data_shape: tuple, width: int) -> dict[str, nn.Module]:
     """G and D for data of this shape, (C, H, W) or (2,): what main() trains, scripts/parity.py ports."""
-    return {"generator": Generator(data_shape), "discriminator": Discriminator(data_shape)}
+    return {"generator": Generator(data_shape, width), "discriminator": Discriminator(data_shape, width)}
 
 
 # Non-saturating GAN losses on logits, in float32.

@@ -28,32 +28,32 @@ from GAN import gan_step_tensorflow as gan_step
 from GAN.vanilla_gan import hparams
 
 
-def make_generator(data_shape: tuple) -> keras.Model:
-    """z -> 128 (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
+def make_generator(data_shape: tuple, width: int) -> keras.Model:
+    """z -> width (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
     squash = len(data_shape) == 3  # (H, W, C) images
     return keras.Sequential([
         keras.Input((hparams.Z_DIM,)),
-        layers.Dense(hparams.HIDDEN, activation="relu", **DENSE_INIT),
+        layers.Dense(width, activation="relu", **DENSE_INIT),
         layers.Dense(math.prod(data_shape), dtype="float32", **DENSE_INIT),
         layers.Activation("tanh" if squash else "linear", dtype="float32"),
         layers.Reshape(data_shape),
     ], name="generator")
 
 
-def make_discriminator(data_shape: tuple) -> keras.Model:
-    """data -> 128 (LeakyReLU) -> one logit, computed in float32."""
+def make_discriminator(data_shape: tuple, width: int) -> keras.Model:
+    """data -> width (LeakyReLU) -> one logit, computed in float32."""
     return keras.Sequential([
         keras.Input(data_shape),
         layers.Flatten(),
-        layers.Dense(hparams.HIDDEN, **DENSE_INIT),
+        layers.Dense(width, **DENSE_INIT),
         layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE),
         layers.Dense(1, dtype="float32", **DENSE_INIT),
     ], name="discriminator")
 
 
-def build_networks(data_shape: tuple) -> dict[str, keras.Model]:
+def build_networks(data_shape: tuple, width: int) -> dict[str, keras.Model]:
     """G and D for data of this shape, (H, W, C) or (2,): what main() trains, scripts/parity.py ports."""
-    return {"generator": make_generator(data_shape), "discriminator": make_discriminator(data_shape)}
+    return {"generator": make_generator(data_shape, width), "discriminator": make_discriminator(data_shape, width)}
 
 
 # Non-saturating GAN losses on logits, in float32.

@@ -4,7 +4,7 @@ Kingma & Welling's MNIST setting: one hidden layer of 400 (ReLU here) in the enc
 the decoder, a 20-dimensional latent space, Adam 1e-3, batch 128. Change a value here and
 both twins change together.
 """
-HIDDEN = 400
+HIDDEN = 400  # the width (--width): units of the encoder's and the decoder's hidden layer
 LATENT = 20
 
 # The decoder's outputs are Bernoulli probabilities, so the data are scaled to [0, 1].
@@ -17,6 +17,7 @@ RECONSTRUCTION_COUNT = 32
 
 # Defaults of the shared flags (common/config.py); the command line overrides them.
 DEFAULTS = dict(
+    width=HIDDEN,
     iters=10000,
     batch_size=128,
     lr=1e-3,

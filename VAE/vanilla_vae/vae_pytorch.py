@@ -40,17 +40,17 @@ from VAE.vanilla_vae import hparams
 
 
 class Encoder(nn.Module):
-    """image -> 400 (ReLU) -> mean and log-variance of q(z|x), both heads in float32."""
+    """image -> width (400, ReLU) -> mean and log-variance of q(z|x), both heads in float32."""
 
-    def __init__(self, data_shape: tuple):
+    def __init__(self, data_shape: tuple, width: int):
         super().__init__()
         self.hidden = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(math.prod(data_shape), hparams.HIDDEN),
+            nn.Linear(math.prod(data_shape), width),
             nn.ReLU(),
         )
-        self.mean = FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
-        self.logvar = FullPrecision(nn.Linear(hparams.HIDDEN, hparams.LATENT))
+        self.mean = FullPrecision(nn.Linear(width, hparams.LATENT))
+        self.logvar = FullPrecision(nn.Linear(width, hparams.LATENT))
         init_like_keras_dense(self)
 
     def forward(self, x):
@@ -59,23 +59,23 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """z -> 400 (ReLU) -> one Bernoulli logit per pixel, computed in float32."""
+    """z -> width (400, ReLU) -> one Bernoulli logit per pixel, computed in float32."""
 
-    def __init__(self, data_shape: tuple):
+    def __init__(self, data_shape: tuple, width: int):
         super().__init__()
         self.data_shape = data_shape
-        self.hidden = nn.Sequential(nn.Linear(hparams.LATENT, hparams.HIDDEN), nn.ReLU())
-        self.out = FullPrecision(nn.Linear(hparams.HIDDEN, math.prod(data_shape)))
+        self.hidden = nn.Sequential(nn.Linear(hparams.LATENT, width), nn.ReLU())
+        self.out = FullPrecision(nn.Linear(width, math.prod(data_shape)))
         init_like_keras_dense(self)
 
     def forward(self, z):
         return self.out(self.hidden(z)).view(-1, *self.data_shape)
 
 
-def build_networks(data_shape: tuple) -> dict[str, nn.Module]:
+def build_networks(data_shape: tuple, width: int) -> dict[str, nn.Module]:
     """The encoder and decoder for images of this (C, H, W) shape: what main() trains,
     scripts/parity.py ports."""
-    return {"encoder": Encoder(data_shape), "decoder": Decoder(data_shape)}
+    return {"encoder": Encoder(data_shape, width), "decoder": Decoder(data_shape, width)}
 
 
 def reparameterize(mean, logvar, eps):
@@ -173,7 +173,7 @@ def main(argv=None):
     cfg = parse_args("vanilla_vae", "pytorch", argv)
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    networks = build_networks(data.sample_shape)
+    networks = build_networks(data.sample_shape, cfg.width)
     vae = VAE(networks["encoder"], networks["decoder"], cfg, runtime)
     return fit(cfg, runtime, vae, data)
 

@@ -39,30 +39,30 @@ from common.tensorflow.session import fit
 from VAE.vanilla_vae import hparams
 
 
-def make_encoder(data_shape: tuple) -> keras.Model:
-    """image -> 400 (ReLU) -> mean and log-variance of q(z|x), both heads in float32."""
+def make_encoder(data_shape: tuple, width: int) -> keras.Model:
+    """image -> width (400, ReLU) -> mean and log-variance of q(z|x), both heads in float32."""
     x = keras.Input(data_shape)
     h = layers.Flatten()(x)
-    h = layers.Dense(hparams.HIDDEN, activation="relu", **DENSE_INIT)(h)
+    h = layers.Dense(width, activation="relu", **DENSE_INIT)(h)
     mean = layers.Dense(hparams.LATENT, dtype="float32", name="mean", **DENSE_INIT)(h)
     logvar = layers.Dense(hparams.LATENT, dtype="float32", name="logvar", **DENSE_INIT)(h)
     return keras.Model(x, [mean, logvar], name="encoder")
 
 
-def make_decoder(data_shape: tuple) -> keras.Model:
-    """z -> 400 (ReLU) -> one Bernoulli logit per pixel, computed in float32."""
+def make_decoder(data_shape: tuple, width: int) -> keras.Model:
+    """z -> width (400, ReLU) -> one Bernoulli logit per pixel, computed in float32."""
     return keras.Sequential([
         keras.Input((hparams.LATENT,)),
-        layers.Dense(hparams.HIDDEN, activation="relu", **DENSE_INIT),
+        layers.Dense(width, activation="relu", **DENSE_INIT),
         layers.Dense(math.prod(data_shape), dtype="float32", **DENSE_INIT),
         layers.Reshape(data_shape, dtype="float32"),
     ], name="decoder")
 
 
-def build_networks(data_shape: tuple) -> dict[str, keras.Model]:
+def build_networks(data_shape: tuple, width: int) -> dict[str, keras.Model]:
     """The encoder and decoder for images of this (H, W, C) shape: what main() trains,
     scripts/parity.py ports."""
-    return {"encoder": make_encoder(data_shape), "decoder": make_decoder(data_shape)}
+    return {"encoder": make_encoder(data_shape, width), "decoder": make_decoder(data_shape, width)}
 
 
 def reparameterize(mean, logvar, eps):
@@ -147,7 +147,7 @@ def main(argv=None):
     cfg = parse_args("vanilla_vae", "tensorflow", argv)
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    networks = build_networks(data.sample_shape)
+    networks = build_networks(data.sample_shape, cfg.width)
     vae = VAE(networks["encoder"], networks["decoder"], cfg, runtime)
     return fit(cfg, runtime, vae, data)
 

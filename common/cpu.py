@@ -1,0 +1,49 @@
+"""What kind of x86 CPU this is, as far as mixed precision cares: benchmarks and reports name it.
+
+bfloat16 is native with AVX512-BF16 (dot products) and AMX (tile matrix multiplies); on an
+AVX2-only CPU the frameworks emulate it and AMP runs slower than float32.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+BF16_FEATURES = ("avx512_bf16", "amx_bf16")
+
+
+def _cpuinfo() -> str | None:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None  # not Linux
+
+
+def describe() -> dict:
+    """{'model': ..., 'avx512_bf16': bool|None, 'amx_bf16': bool|None, 'cores': int}; None: unknown."""
+    text = _cpuinfo()
+    model = platform.processor() or platform.machine()
+    flags: set[str] = set()
+    if text is not None:
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags.update(value.split())
+    return {"model": model, "cores": os.cpu_count(),
+            **{feature: (feature in flags) if text is not None else None for feature in BF16_FEATURES}}
+
+
+def has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX; True where it cannot be told (not Linux): do not guess."""
+    info = describe()
+    return info["amx_bf16"] is None or info["avx512_bf16"] or info["amx_bf16"]
+
+
+def summary(info: dict | None = None) -> str:
+    """One line: 'Intel(R) Xeon(R) ..., 2 cores, avx512_bf16 yes, amx_bf16 no'."""
+    info = info or describe()
+    marks = {True: "yes", False: "no", None: "unknown"}
+    return f"{info['model']}, {info['cores']} cores, " + ", ".join(
+        f"{feature} {marks[info[feature]]}" for feature in BF16_FEATURES)
