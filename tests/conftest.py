@@ -19,9 +19,9 @@ def _isolated_cache(tmp_path_factory):
         os.environ["AMPGEN_CACHE"] = previous
 
 
-def run_script(relative: str, *args: str, timeout: int = 300):
-    """Run a model script as a user would, from the repo root."""
+def run_script(relative: str, *args: str, timeout: int = 300, env: dict | None = None):
+    """Run a model script as a user would, from the repo root (in `env`, if given)."""
     import subprocess
 
-    return subprocess.run([sys.executable, str(REPO / relative), *args], cwd=REPO,
+    return subprocess.run([sys.executable, str(REPO / relative), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)

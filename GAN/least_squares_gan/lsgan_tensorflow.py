@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's code, whatever is installed
+from common.quiet import quiet_tensorflow_start
+
+quiet_tensorflow_start()  # before TensorFlow loads: one line of ours instead of its C++ start-up notices
 
 import tensorflow as tf
 

@@ -2,16 +2,32 @@
 up once (common/pytorch/runtime.py is the twin)."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import keras
 import tensorflow as tf
 
+from common import quiet
 from common.config import RunConfig, describe_precision, resolve_precision, warn_if_bf16_emulated
 from common.errors import UsageError
 from common.tensorflow import amp
 
 _GPUS = tf.config.list_physical_devices("GPU")
+
+
+def describe_tensorflow() -> str:
+    """"tensorflow 2.21.0 (keras 3.15.1), sees 1 CPU + 1 GPU, oneDNN on, C++ log level 1 (...)":
+    what a run's first line says in place of TensorFlow's start-up log (common/quiet.py)."""
+    found = Counter(device.device_type for device in tf.config.list_physical_devices())
+    devices = " + ".join(f"{count} {kind}" for kind, count in found.items())
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # what port.cc's notice used to say
+        onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    except (ImportError, AttributeError):
+        onednn = "?"
+    return (f"tensorflow {tf.__version__} (keras {keras.__version__}), sees {devices}, oneDNN {onednn}, "
+            f"{quiet.describe_log_level()}")
 
 
 @dataclass
@@ -41,7 +57,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
     keras.mixed_precision.set_global_policy(amp.POLICIES[precision])  # before any layer is built
     warn_if_bf16_emulated(precision, device_type, log)
-    log(f"{cfg.model} | tensorflow {tf.__version__} (keras {keras.__version__}) | "
+    log(f"{cfg.model} | {describe_tensorflow()} | "
         f"{device_type} | {describe_precision(precision, device_type)} | "
         f"policy {amp.POLICIES[precision]}")
     return Runtime(device_type, precision)

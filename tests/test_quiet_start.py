@@ -1,0 +1,59 @@
+"""TensorFlow starts quietly: its C++ start-up notices give way to one line of ours
+(common/quiet.py), a user's own log level wins, and nothing else written to stderr is lost."""
+import os
+import re
+import subprocess
+import sys
+
+from common import quiet
+from tests.conftest import REPO, run_script
+
+TINY_RUN = ("GAN/vanilla_gan/gan_tensorflow.py", "--iters", "2", "--data-limit", "64", "--batch-size", "32",
+            "--sample-every", "0", "--checkpoint-every", "0")
+OUR_LINE = re.compile(r"^vanilla_gan \| tensorflow \S+ \(keras \S+\), sees \d+ CPU[^,]*, oneDNN (on|off), "
+                      r"C\+\+ log level (\d+)", re.MULTILINE)
+# Pieces of the lines TensorFlow 2.21 opened every run with on a CPU-only machine.
+NOTICES = ["absl::InitializeLog", "oneDNN custom operations are on", "cpu_feature_guard"]
+NO_DRIVER_NOTICES = ["Could not find cuda drivers", "cuInit"]
+
+
+def tiny_tensorflow_run(tmp_path, **env):
+    """(our line's match, stderr) of a 2-step run, in this environment less any TF settings, plus `env`."""
+    inherited = {name: value for name, value in os.environ.items()
+                 if name not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLED_DEVICE_TYPES")}
+    result = run_script(*TINY_RUN, "--out", str(tmp_path / "run"), env={**inherited, **env})
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = OUR_LINE.search(result.stdout)
+    assert line, result.stdout[:500]
+    return line, result.stderr
+
+
+def test_a_tensorflow_run_opens_with_our_line_instead_of_its_cpp_notices(tmp_path):
+    line, stderr = tiny_tensorflow_run(tmp_path)
+    assert line[2] == quiet.LOG_LEVEL
+    silenced = NOTICES + ([] if quiet.gpu_driver_present() else NO_DRIVER_NOTICES)
+    assert [notice for notice in silenced if notice in stderr] == [], stderr[-2000:]
+
+
+def test_a_users_own_log_level_wins_and_0_brings_the_notices_back(tmp_path):
+    line, stderr = tiny_tensorflow_run(tmp_path, TF_CPP_MIN_LOG_LEVEL="0")
+    assert line[2] == "0"
+    if line[1] == "on":
+        assert "oneDNN custom operations are on" in stderr
+
+
+def test_the_stderr_filter_drops_only_the_notices_and_loses_nothing_when_the_process_crashes():
+    code = """
+import os
+from common import quiet
+with quiet.dropping_from_stderr("|".join(quiet.LOAD_NOTICES)):
+    os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
+    os.write(2, b"I0000 00:00:1795324105.581047   16591 port.cc:153] oneDNN custom operations are on. You\\n")
+    os.write(2, b"E0000 00:00:1795324110.854119   16591 some.cc:52] a real error\\n")
+    os.write(2, b"F0000 00:00:1795324110.854119   16591 some.cc:53] Check failed: and then")
+    os.abort()
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "InitializeLog" not in result.stderr and "oneDNN" not in result.stderr
+    assert "a real error\n" in result.stderr and result.stderr.endswith("Check failed: and then")
