@@ -111,6 +111,29 @@ def test_resume_is_bit_exact(framework, amp, tmp_path):
     assert history == [2, 4, 6, 8, 10]
 
 
+def test_float32_pytorch_weights_do_not_depend_on_the_thread_count(tmp_path):
+    """MKL's float32 GEMM sums in an order that depends on its thread count (here the vanilla
+    GAN's 64x784 @ 784x128 differs between 1 and 2 threads in its last bits), and MKL may run
+    fewer threads than asked when the machine is busy: same-seed runs once ended with other
+    weights. The runtime turns on MKL's strict reproducible mode, so 1 and 2 threads agree."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    for threads in (1, 2):
+        env = {key: value for key, value in os.environ.items() if key != "MKL_CBWR"}
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        command = [sys.executable, "GAN/vanilla_gan/gan_pytorch.py", "--out", str(tmp_path / str(threads)),
+                   "--iters", "6", "--batch-size", "64", "--data-limit", "256", "--sample-every", "0"]
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+    one, two = (checkpoint_arrays(tmp_path / str(threads) / "checkpoints" / "step_000006.pt") for threads in (1, 2))
+    for key in one:
+        np.testing.assert_array_equal(one[key], two[key], err_msg=key)
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_resume_rewinds_to_the_checkpoint_when_a_run_died_after_it(framework, tmp_path):
     out = tmp_path / "run"

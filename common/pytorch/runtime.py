@@ -1,6 +1,7 @@
 """What a PyTorch run runs on: seeds, device, precision and the loss scaler, set up once."""
 from __future__ import annotations
 
+import os
 import random
 import resource
 from dataclasses import dataclass
@@ -22,12 +23,10 @@ class Runtime:
     clip_grad_norm: float = 0.0         # 0: off
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move a network to the device; on CUDA, store convolution weights channels_last
-        (NHWC), the layout tensor cores run fastest (no effect on Linear layers)."""
-        module = module.to(self.device)
-        if self.device.type == "cuda":
-            module = module.to(memory_format=torch.channels_last)
-        return module
+        """Move a network to the device, convolution weights stored channels_last (NHWC): the
+        layout tensor cores and oneDNN's CPU kernels run fastest (DCGAN at 28x28 on a 2-core
+        AVX512 CPU: 48.3 -> 41.4 ms/step in float32); no effect on Linear layers."""
+        return module.to(self.device, memory_format=torch.channels_last)
 
     def peak_memory_mb(self) -> float:
         """The CUDA allocator's peak on a GPU; on a CPU the process's peak resident set
@@ -56,6 +55,11 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         # ...but without its debugging aid of NaN-filling every new tensor, which made the
         # DCGAN step 10x slower on CPU (aten::fill_ took a third of the time).
         torch.utils.deterministic.fill_uninitialized_memory = False
+        # MKL's float32 GEMM sums in an order that depends on the threads it uses, and it may
+        # use fewer than asked for when the machine is busy: the same run could end with other
+        # weights. Strict CNR mode sums the same way at any thread count; it is read at MKL's
+        # first call, which comes after this. A value the user set wins.
+        os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
     warn_if_bf16_emulated(precision, device.type, log)
     log(f"{cfg.model} | pytorch {torch.__version__} | {device} | "
