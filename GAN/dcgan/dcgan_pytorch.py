@@ -6,9 +6,9 @@
 
 G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU) -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
-The last layer of each runs in float32 under autocast; on CUDA the convolutions use the
-channels_last layout, which tensor cores want. Shapes below are (H x W x channels) for 28x28
-MNIST at the default width.
+The last layer of each runs in float32 under autocast; weights and images are stored
+channels_last (NHWC), the layout oneDNN's CPU kernels and CUDA's tensor cores run fastest.
+Shapes below are (H x W x channels) for 28x28 MNIST at the default width.
 
 The training step, with its autocast and GradScaler calls, is GAN/gan_step_pytorch.py, shared
 with the other GANs. The TensorFlow twin is dcgan_tensorflow.py; the hyperparameters of both

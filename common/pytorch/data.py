@@ -23,7 +23,6 @@ class DeviceData:
             self.scale, self.shift = (high - low) / 255.0, low
         self.x = torch.from_numpy(array).to(device)
         self.sample_shape = tuple(self.x.shape[1:])
-        self.channels_last = self.kind == "image" and device.type == "cuda"
 
     def __len__(self):
         return self.x.shape[0]
@@ -34,11 +33,11 @@ class DeviceData:
     lookup = batch  # the batch of these indices, outside the training sequence
 
     def to_model(self, rows: torch.Tensor) -> torch.Tensor:
-        """uint8 images -> float in the model's range (points pass through)."""
+        """uint8 images -> float in the model's range, channels_last like the networks'
+        weights (Runtime.place); points pass through."""
         if self.kind != "image":
             return rows
-        images = rows.float().mul_(self.scale).add_(self.shift)
-        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
+        return rows.float().mul_(self.scale).add_(self.shift).contiguous(memory_format=torch.channels_last)
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -66,7 +65,6 @@ class HostLoader(DeviceData):
     def __init__(self, dataset: datasets.Dataset, device: torch.device, value_range, workers: int):
         super().__init__(dataset, torch.device("cpu"), value_range)  # host copy, NCHW
         self.device, self.workers = device, workers
-        self.channels_last = self.kind == "image" and device.type == "cuda"
         self._batches = None
 
     def start(self, order, start_step: int, stop_step: int):
