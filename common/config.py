@@ -244,6 +244,8 @@ def parse_args(model: str, framework: str, argv=None) -> RunConfig:
     if entry.images_only and cfg.dataset in POINT_DATASETS:
         raise UsageError(f"{entry.images_only}; --dataset {cfg.dataset} is 2-D points: use mnist, "
                          "fashion-mnist, cifar10 or folder (the MLP GANs take the mixtures)")
+    if hasattr(entry.hparams, "validate"):  # a model's own checks (WGAN-GP: the batch splits in 5)
+        entry.hparams.validate(cfg)
     return cfg
 
 

@@ -45,6 +45,7 @@ MODELS = {model.key: model for model in (
     Model("vanilla_gan", "GAN", "GAN/vanilla_gan", "gan", aliases=("gan",)),
     Model("lsgan", "GAN", "GAN/least_squares_gan", "lsgan"),
     Model("dcgan", "GAN", "GAN/dcgan", "dcgan", images_only="DCGAN is convolutional"),
+    Model("wgan_gp", "GAN", "GAN/wgan_gp", "wgan_gp"),
     Model("vanilla_vae", "VAE", "VAE/vanilla_vae", "vae", aliases=("vae",),
           images_only="the VAE models images with a Bernoulli decoder"),
 )}

@@ -1,0 +1,60 @@
+"""WGAN-GP's hyperparameters (Gulrajani et al., 2017): the one source both framework scripts read.
+
+The paper's settings: a critic without batch norm, gradient penalty weight lambda = 10, five
+critic updates per generator update, Adam(1e-4, beta1 0, beta2 0.9).
+
+One iteration (--iters counts them) is one generator iteration of the paper's Algorithm 1:
+the loop hands the step --batch-size real examples, which it splits into CRITIC_STEPS critic
+batches, one critic update on each, then one generator update on a fresh noise batch of the
+critic-batch size. So --batch-size counts the examples of one generator iteration: 5 critic
+batches of 64 by default, and it must be a multiple of 5 (validate() refuses others).
+
+Networks: for images, DCGAN's generator (GAN/dcgan, with batch norm) and DCGAN's
+discriminator without batch norm as the critic (biases instead), its geometry and N(0, 0.02)
+init; for the 2-D mixtures, MLPs of 3 hidden layers of ReLU units, as the paper's toy models.
+"""
+from GAN.dcgan import hparams as dcgan
+
+Z_DIM = dcgan.Z_DIM  # 100, for images and points alike
+CRITIC_STEPS = 5
+LAMBDA = 10.0  # weight of the gradient penalty
+NORM_EPSILON = 1e-12  # inside the square root of the gradient norm: sqrt(0) has no gradient
+LEAKY_SLOPE = dcgan.LEAKY_SLOPE  # the convolutional critic's LeakyReLU (0.2)
+INIT_STD = dcgan.INIT_STD  # convolution weights ~ N(0, 0.02), biases 0
+PIXEL_RANGE = (-1.0, 1.0)  # images are scaled to the range of G's tanh
+
+# The width (--width): for images, DCGAN's base channels (G's last hidden layer, the critic's
+# first); for the 2-D mixtures, the MLPs' hidden units are POINT_UNITS_PER_WIDTH times it.
+# At the default 32: 32 base channels (DCGAN's CPU default) and 512 hidden units (the paper's).
+WIDTH = 32
+POINT_UNITS_PER_WIDTH = 16
+POINT_HIDDEN_LAYERS = 3
+
+DEFAULTS = dict(
+    width=WIDTH,
+    iters=2000,
+    batch_size=CRITIC_STEPS * 64,
+    lr=1e-4,
+    beta1=0.0,
+    beta2=0.9,
+    dataset="mnist",
+    sample_every=500,
+    log_every=50,
+    checkpoint_every=1000,
+)
+
+
+def point_units(width: int) -> int:
+    """Hidden units of the 2-D mixtures' MLPs at this --width."""
+    return POINT_UNITS_PER_WIDTH * width
+
+
+def validate(cfg) -> None:
+    """The model's own check of the flags (common/config.parse_args calls it)."""
+    from common.errors import UsageError
+
+    if cfg.batch_size % CRITIC_STEPS:
+        lower = max(CRITIC_STEPS, cfg.batch_size // CRITIC_STEPS * CRITIC_STEPS)
+        raise UsageError(f"--batch-size {cfg.batch_size} is not a multiple of {CRITIC_STEPS}: "
+                         f"WGAN-GP splits it into {CRITIC_STEPS} critic batches per generator "
+                         f"iteration; use e.g. --batch-size {lower}")

@@ -1,0 +1,282 @@
+"""WGAN-GP: the gradient penalty on hand values, the penalty and the critic's gradients under
+float16 with loss scaling equal to float32's (and would not without the unscaling), the loss
+scale holding over a float16 run, five critic updates per generator update, the batch-size
+rule, and the twins' MLPs computing the same function (the image networks are in
+tests/test_porting.py with every model)."""
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+from torch import nn
+
+from GAN.wgan_gp import hparams, wgan_gp_pytorch, wgan_gp_tensorflow
+
+SCRIPTS = {"pytorch": wgan_gp_pytorch, "tensorflow": wgan_gp_tensorflow}
+TINY = ["--batch-size", "20", "--data-limit", "64", "--log-every", "2", "--iters", "4"]
+FLOAT16_SCALE = 2.0**16  # GradScaler's first scale, and this repository's
+
+
+def history(out):
+    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+
+
+def batch(shape_hwc=(8, 8, 1), count=6, seed=0):
+    """real, fake (NHWC) and eps, in float32."""
+    rng = np.random.default_rng(seed)
+    real = rng.uniform(-1, 1, (count, *shape_hwc)).astype(np.float32)
+    fake = rng.uniform(-1, 1, (count, *shape_hwc)).astype(np.float32)
+    eps = rng.uniform(0, 1, (count, 1, 1, 1)).astype(np.float32)
+    return real, fake, eps
+
+
+def nchw(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array.transpose(0, 3, 1, 2)))
+
+
+def penalties(critic_torch, critic_keras, real, fake, eps) -> tuple[float, float]:
+    """The penalty of both frameworks' gradient_penalty in float32 (nothing scaled)."""
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    pt = wgan_gp_pytorch.gradient_penalty(critic_torch, nchw(real), nchw(fake), nchw(eps), scaler)
+    tf_value = wgan_gp_tensorflow.gradient_penalty(critic_keras, tf.constant(real), tf.constant(fake),
+                                                   tf.constant(eps), keras.optimizers.Adam())
+    return float(pt.detach()), float(tf_value)
+
+
+# --- the penalty on hand values ------------------------------------------------------------------
+def test_penalty_of_a_linear_critic_is_the_norm_of_its_weights_minus_one_squared():
+    """f(x) = w.x + b has gradient w at every x: penalty = (||w|| - 1)^2, the norm over all
+    pixels of an example (a per-pixel norm would give mean((|w_i| - 1)^2) instead)."""
+    real, fake, eps = batch()
+    w = np.random.default_rng(1).standard_normal(real[0].size).astype(np.float32)
+    w *= 3.0 / np.linalg.norm(w)  # ||w|| = 3: penalty (3 - 1)^2 = 4
+    linear = nn.Sequential(nn.Flatten(), nn.Linear(w.size, 1))
+    with torch.no_grad():  # PyTorch flattens (C, H, W): reorder w from Keras' (H, W, C)
+        linear[1].weight.copy_(torch.from_numpy(w.reshape(real.shape[1:]).transpose(2, 0, 1).reshape(1, -1)))
+        linear[1].bias.fill_(0.5)
+    dense = keras.Sequential([keras.Input(real.shape[1:]), keras.layers.Flatten(), keras.layers.Dense(1)])
+    dense.layers[-1].set_weights([w.reshape(-1, 1), np.array([0.5], np.float32)])
+    for value in penalties(linear, dense, real, fake, eps):
+        assert value == pytest.approx(4.0, rel=1e-6)
+    per_pixel = float(np.mean((np.abs(w) - 1) ** 2))
+    assert abs(per_pixel - 4.0) > 0.5
+
+
+def test_penalty_of_a_quadratic_critic_follows_the_interpolates():
+    """f(x) = ||x||^2 / 2 has gradient x: penalty = mean((||x_hat|| - 1)^2), x_hat = eps x + (1 - eps) x~."""
+    real, fake, eps = batch()
+    x_hat = eps * real + (1 - eps) * fake
+    expected = np.mean((np.linalg.norm(x_hat.reshape(len(x_hat), -1), axis=1) - 1) ** 2)
+
+    def quadratic_torch(x):
+        return 0.5 * x.flatten(1).square().sum(1, keepdim=True)
+
+    def quadratic_keras(x, training=False):
+        return 0.5 * tf.reduce_sum(tf.square(tf.reshape(x, [tf.shape(x)[0], -1])), axis=1, keepdims=True)
+
+    for value in penalties(quadratic_torch, quadratic_keras, real, fake, eps):
+        assert value == pytest.approx(expected, rel=1e-5)
+
+
+def test_critic_and_generator_losses_on_hand_values():
+    real, fake, penalty = np.array([[2.0], [4.0]], np.float32), np.array([[1.0], [-1.0]], np.float32), 0.25
+    # critic: mean(fake) - mean(real) + 10 * penalty = 0 - 3 + 2.5; generator: -mean(fake) = 0
+    for module, to_tensor in ((wgan_gp_pytorch, torch.tensor), (wgan_gp_tensorflow, tf.constant)):
+        assert float(module.critic_loss(to_tensor(real), to_tensor(fake), to_tensor(penalty))) == -0.5
+        assert float(module.generator_loss(to_tensor(real))) == -3.0
+
+
+# --- float16 with loss scaling against float32 ---------------------------------------------------
+def relative_error(got: list, expected: list) -> float:
+    """|got - expected| / |expected| over all the gradients as one vector (the last layer's
+    bias has a zero gradient: the Wasserstein term's +1 and -1 cancel)."""
+    got, expected = (np.concatenate([np.ravel(g) for g in grads]) for grads in (got, expected))
+    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+def finite(penalty: float, gradients: list) -> bool:
+    return math.isfinite(penalty) and all(np.isfinite(g).all() for g in gradients)
+
+
+def at_the_first_finite_scale(critic_step) -> tuple[float, float, list]:
+    """critic_step(scale) from 2**16 down, halving after a non-finite result as dynamic loss
+    scaling does (it skips that step and halves): (scale, penalty, gradients)."""
+    scale = FLOAT16_SCALE
+    while scale >= 2**10:
+        penalty, gradients = critic_step(scale)
+        if finite(penalty, gradients):
+            return scale, penalty, gradients
+        scale /= 2
+    raise AssertionError("float16 overflowed at every scale down to 2**10")
+
+
+def torch_critic_step(critic, real, fake, eps, scale: float | None, unscale=True):
+    """The critic's penalty and its gradients, as WGANGP.train_step computes them; with a
+    `scale`: float16 autocast and a GradScaler at that scale, the gradients read unscaled."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+    critic.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16, enabled=scale is not None):
+        penalty = wgan_gp_pytorch.gradient_penalty(critic, real, fake, eps, scaler, unscale=unscale)
+        loss = wgan_gp_pytorch.critic_loss(critic(real), critic(fake), penalty)
+    scaler.scale(loss).backward()
+    return float(penalty.detach()), [p.grad.numpy() / (scale or 1.0) for p in critic.parameters()]
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (2,)], ids=["conv-28x28", "mlp-points"])
+def test_pytorch_float16_penalty_and_critic_gradients_equal_float32(shape):
+    torch.manual_seed(0)
+    critic = wgan_gp_pytorch.build_networks(shape, 4)["discriminator"]
+    real, fake = torch.rand(8, *shape) * 2 - 1, torch.rand(8, *shape) * 2 - 1
+    eps = torch.rand(8, *(1,) * len(shape))
+    penalty32, grads32 = torch_critic_step(critic, real, fake, eps, None)
+    scale, penalty16, grads16 = at_the_first_finite_scale(
+        lambda scale: torch_critic_step(critic, real, fake, eps, scale))
+    assert 0 < penalty32 and penalty16 == pytest.approx(penalty32, rel=1e-2)
+    assert relative_error(grads16, grads32) < 1e-2
+    # Without the unscaling the penalty sees gradients `scale` times too large: far off (or inf).
+    broken, _ = torch_critic_step(critic, real, fake, eps, scale, unscale=False)
+    assert not broken == pytest.approx(penalty32, rel=0.5)
+
+
+def keras_critic_step(critic, real, fake, eps, scale: float | None, unscale=True):
+    """The Keras twin of torch_critic_step: a LossScaleOptimizer at `scale`, or a plain one."""
+    optimizer = keras.optimizers.Adam()
+    if scale is not None:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=scale)
+        optimizer.build(critic.trainable_variables)  # scale_loss uses the live scale once built
+    with tf.GradientTape() as tape:
+        penalty = wgan_gp_tensorflow.gradient_penalty(critic, real, fake, eps, optimizer, unscale=unscale)
+        loss = wgan_gp_tensorflow.critic_loss(critic(real, training=True), critic(fake, training=True), penalty)
+        scaled_loss = optimizer.scale_loss(loss)
+    gradients = tape.gradient(scaled_loss, critic.trainable_variables)
+    return float(penalty), [np.asarray(g, np.float32) / (scale or 1.0) for g in gradients]
+
+
+@pytest.mark.parametrize("shape", [(28, 28, 1), (2,)], ids=["conv-28x28", "mlp-points"])
+def test_keras_float16_penalty_and_critic_gradients_equal_float32(shape):
+    rng = np.random.default_rng(0)
+    real, fake = (rng.uniform(-1, 1, (8, *shape)).astype(np.float32) for _ in range(2))
+    eps = tf.constant(rng.uniform(0, 1, (8, *(1,) * len(shape))).astype(np.float32))
+    keras.utils.set_random_seed(0)
+    try:
+        critic32 = wgan_gp_tensorflow.build_networks(shape, 4)["discriminator"]
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        critic16 = wgan_gp_tensorflow.build_networks(shape, 4)["discriminator"]
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    critic16.set_weights(critic32.get_weights())
+    assert critic16.layers[0].compute_dtype == "float16"
+
+    penalty32, grads32 = keras_critic_step(critic32, real, fake, eps, None)
+    scale, penalty16, grads16 = at_the_first_finite_scale(
+        lambda scale: keras_critic_step(critic16, real, fake, eps, scale))
+    assert 0 < penalty32 and penalty16 == pytest.approx(penalty32, rel=1e-2)
+    assert relative_error(grads16, grads32) < 1e-2
+    broken, _ = keras_critic_step(critic16, real, fake, eps, scale, unscale=False)
+    assert not broken == pytest.approx(penalty32, rel=0.5)
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_float16_loss_scale_holds_over_200_steps_on_the_ring(framework, tmp_path):
+    """200 generator iterations (1,200 optimizer steps) of the MLPs on ring8 in float16 (emulated
+    on CPU): the scale backs off from 2**16 at the start but never falls below 2**10."""
+    threads = torch.get_num_threads()
+    if framework == "pytorch":  # MLPs this small gain nothing from a second thread, which on a
+        torch.set_num_threads(1)  # busy 2-core machine made the test 7x slower
+    out = tmp_path / "run"
+    try:
+        SCRIPTS[framework].main(["--out", str(out), "--dataset", "ring8", "--amp", "--amp-dtype", "float16",
+                                 "--iters", "200", "--batch-size", "40", "--width", "4", "--log-every", "10",
+                                 "--sample-every", "0"])
+    finally:
+        torch.set_num_threads(threads)
+    rows = history(out)
+    assert len(rows) == 20 and json.loads((out / "config.json").read_text())["precision"] == "amp-fp16"
+    assert min(row["loss_scale"] for row in rows) >= 2**10
+    assert all(math.isfinite(row["g_loss"]) for row in rows)
+    assert math.isfinite(rows[-1]["d_loss"]) and math.isfinite(rows[-1]["penalty"])
+
+
+# --- the training step and the flags -------------------------------------------------------------
+@pytest.mark.parametrize("framework", SCRIPTS)
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_trains_a_few_steps_on_images_with_finite_losses(framework, amp, tmp_path):
+    out = tmp_path / "run"
+    SCRIPTS[framework].main(["--out", str(out), *TINY, "--width", "8", *(["--amp"] if amp else [])])
+    rows = history(out)
+    assert [row["step"] for row in rows] == [2, 4]
+    assert all(math.isfinite(row[key]) for row in rows for key in ("d_loss", "g_loss", "penalty", "wasserstein"))
+    assert json.loads((out / "config.json").read_text())["precision"] == ("amp-bf16" if amp else "fp32")
+    assert (out / "samples" / "step_000004.png").exists()
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_one_iteration_is_five_critic_updates_on_fifths_of_the_batch_and_one_generator_update(
+        framework, monkeypatch):
+    from common.config import parse_args
+
+    script, sizes = SCRIPTS[framework], []
+    original = script.gradient_penalty
+
+    def spy(critic, real, *args, **kwargs):
+        sizes.append(int(real.shape[0]))
+        return original(critic, real, *args, **kwargs)
+
+    monkeypatch.setattr(script, "gradient_penalty", spy)
+    cfg = parse_args("wgan_gp", framework, ["--dataset", "ring8", "--batch-size", "40", "--width", "2"])
+    if framework == "pytorch":
+        from common.pytorch.data import load_data
+        from common.pytorch.runtime import setup
+    else:
+        from common.tensorflow.data import load_data
+        from common.tensorflow.runtime import setup
+    runtime = setup(cfg, log=lambda *_: None)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = script.build_networks(data.sample_shape, cfg.width)
+    wgan = script.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
+    real = data.dataset.x[:40]
+    metrics = wgan.train_step(torch.from_numpy(real) if framework == "pytorch" else tf.constant(real))
+    assert sizes == [8] * hparams.CRITIC_STEPS
+    assert set(metrics) == {"d_loss", "g_loss", "penalty", "wasserstein"}
+    if framework == "pytorch":
+        def updates(optimizer):
+            return {int(state["step"]) for state in optimizer.state.values()}
+        assert updates(wgan.critic_optimizer) == {5} and updates(wgan.g_optimizer) == {1}
+    else:
+        assert int(wgan.critic_optimizer.iterations) == 5 and int(wgan.g_optimizer.iterations) == 1
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_a_batch_size_that_is_not_a_multiple_of_five_is_refused(framework, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        SCRIPTS[framework].main(["--out", str(tmp_path / "run"), *TINY, "--batch-size", "42"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch-size 42 is not a multiple of 5" in err and "--batch-size 40" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_defaults_are_the_papers():
+    defaults = hparams.DEFAULTS
+    assert (defaults["lr"], defaults["beta1"], defaults["beta2"]) == (1e-4, 0.0, 0.9)
+    assert hparams.LAMBDA == 10 and hparams.CRITIC_STEPS == 5 and defaults["batch_size"] == 5 * 64
+    assert hparams.point_units(hparams.WIDTH) == 512
+
+
+# --- the twins' MLPs compute the same function ---------------------------------------------------
+def test_point_networks_are_twins_within_float32_target():
+    from scripts import parity
+
+    for name in ("generator", "discriminator"):
+        torch.manual_seed(0)
+        keras.utils.set_random_seed(0)
+        torch_net = wgan_gp_pytorch.build_networks((2,), 8)[name]
+        keras_net = wgan_gp_tensorflow.build_networks((2,), 8)[name]
+        parity.torch_to_keras(torch_net, keras_net)
+        inputs = np.random.default_rng(0).standard_normal((64, keras_net.inputs[0].shape[1])).astype(np.float32)
+        worst_abs, _ = parity.compare(parity.run_torch(torch_net, inputs, amp=False),
+                                      parity.run_keras(keras_net, inputs))
+        assert worst_abs <= parity.FLOAT32_TARGET, (name, worst_abs)
