@@ -71,6 +71,7 @@ class RunConfig:
     compile: bool = False
     workers: int = 0
     width: int = 64
+    tensorboard: bool = True
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -225,6 +226,8 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                         help="importance samples per test image for the VAE's IWAE bound")
     output.add_argument("--profile", action="store_true",
                         help="profile a short window of steps and write a trace to the run folder")
+    output.add_argument("--tensorboard", action=argparse.BooleanOptionalAction,
+                        help="write TensorBoard events into the run folder (--no-tensorboard: none)")
 
     fallbacks = {f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)}
     unknown = set(defaults) - set(fallbacks)

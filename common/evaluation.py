@@ -149,6 +149,8 @@ def rerun_flags(config: dict, step: int) -> list[str]:
         if value is None or (key == "amp_dtype" and not config.get("amp")):
             continue
         flags += [f"--{key.replace('_', '-')}", str(value)]
+    if config.get("tensorboard") is False:  # its metrics go where its curves went: nowhere
+        flags.append("--no-tensorboard")
     return [*flags, "--iters", str(step)]
 
 

@@ -2,8 +2,9 @@
 
 It drives a `Session` (the contract below; common/pytorch/session.py and
 common/tensorflow/session.py fulfil it) through the iterations of a run: the batch order,
-reading the losses every --log-every steps, sample grids and checkpoints, the profiled
-window, resume, Ctrl-C, and the summary. It imports no framework.
+reading the losses every --log-every steps, sample grids and checkpoints, what goes to
+TensorBoard (common/tensorboard.py), the profiled window, resume, Ctrl-C, and the summary. It
+imports no framework.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import signal
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,6 +26,7 @@ from common.errors import UserError
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
 from common.runs import BatchOrder, Checkpoints, RunFolder
+from common.tensorboard import Board, Writer
 
 
 class Session(Protocol):
@@ -63,6 +66,9 @@ class Session(Protocol):
 
     def evaluate(self, cfg: RunConfig) -> dict:
         """Quality metrics of the trained model (--evaluate N)."""
+
+    def open_tensorboard(self, folder: Path, purge_step: int) -> Writer:
+        """The framework's TensorBoard writer on the run folder (common/tensorboard.py)."""
 
 
 class TrainingDiverged(UserError):
@@ -243,11 +249,12 @@ class Progress:
 class IntervalLog:
     """The per-step metrics of one log interval, kept on the device until the interval
     closes; then one sync reads them all, and the interval becomes a history row (with the
-    monitor's findings) and a progress line."""
+    monitor's findings), TensorBoard scalars and a progress line."""
 
     def __init__(self, cfg: RunConfig, run: RunFolder, session: Session, clock: StepClock,
-                 progress: Progress, skipped_total: int, log):
+                 progress: Progress, board: Board, skipped_total: int, log):
         self.cfg, self.run, self.session, self.clock, self.progress = cfg, run, session, clock, progress
+        self.board = board
         self.skipped_total = skipped_total
         self.monitor = Monitor(cfg, log)
         self.steps: list[dict] = []  # still on the device
@@ -272,6 +279,7 @@ class IntervalLog:
                          "skipped_total": self.skipped_total, "step_ms": step_ms,
                          **self.monitor.observe(step - len(rows) + 1, rows, loss_scale)}
         self.run.append_history(self.last_row)
+        self.board.interval(self.last_row, means)
         self.progress.show(self.last_row, means, finishing)
         self.steps = []
         self.clock.restart()
@@ -319,10 +327,10 @@ class ProfileWindow:
             self.log(f"{table}\nprofile: {trace}")
 
 
-def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, step: int, skipped_total: int,
-                  finishing: bool, clock: StepClock):
-    """Sample grids every --sample-every steps, checkpoints every --checkpoint-every (the last
-    two kept), and both at the last step."""
+def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board, step: int,
+                  skipped_total: int, finishing: bool, clock: StepClock):
+    """Sample grids (also to TensorBoard) every --sample-every steps, checkpoints every
+    --checkpoint-every (the last two kept), and both at the last step."""
     wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
     wants_checkpoint = finishing or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
     if not (wants_samples or wants_checkpoint):
@@ -330,6 +338,7 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, step: int, s
     with clock.paused():
         if wants_samples:
             session.write_samples(run, step)
+            board.samples(step)
         if wants_checkpoint:
             session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
                                      {"step": step, "skipped_total": skipped_total})
@@ -371,14 +380,24 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
 def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, log=print) -> dict:
     """Run iterations until cfg.iters (or a Ctrl-C); return the summary written to the run."""
     start_step, skipped_total = resume(cfg, run, session, log)
+    board = Board(cfg, run, session.open_tensorboard, start_step, log)
+    try:
+        return train_from(cfg, run, session, num_examples, board, start_step, skipped_total, log)
+    finally:
+        board.close()  # the last events reach the file after a Ctrl-C, a divergence or an error too
+
+
+def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, board: Board,
+               start_step: int, skipped_total: int, log) -> dict:
     order = BatchOrder(num_examples, cfg.batch_size, cfg.seed)
     batches = Batches(order, session)
     clock, progress = StepClock(session), Progress(cfg, start_step, log)
-    log_interval = IntervalLog(cfg, run, session, clock, progress, skipped_total, log)
+    log_interval = IntervalLog(cfg, run, session, clock, progress, board, skipped_total, log)
     profile = ProfileWindow(cfg, run, session, start_step, log)
 
     if start_step == 0 and cfg.sample_every:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
+        board.samples(0)
     session.start(order, start_step, cfg.iters)
     session.synchronize()
     clock.restart()
@@ -398,7 +417,7 @@ def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, l
                 if log_interval.diverged:
                     diverged = True
                     break
-            write_outputs(cfg, run, session, step, log_interval.skipped_total, finishing, clock)
+            write_outputs(cfg, run, session, board, step, log_interval.skipped_total, finishing, clock)
             if stop.requested and step < cfg.iters:
                 stopped_early = True
                 break
@@ -412,6 +431,7 @@ def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, l
         summary = {**run.read_summary(), "stopped_early": False}
     if cfg.evaluate and not stopped_early:
         summary["metrics"] = session.evaluate(cfg)
+        board.metrics(summary["metrics"], step)
     run.write_summary(summary)
     if stopped_early:
         log(f"stopped at step {step}, checkpoint saved; continue with the same command and --resume")

@@ -4,6 +4,7 @@ twin."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -19,6 +20,7 @@ from common.pytorch.data import DeviceData, HostLoader
 from common.pytorch.precision_report import precision_report
 from common.pytorch.profiling import Profiler
 from common.pytorch.runtime import Runtime
+from common.pytorch.tensorboard import Writer
 from common.runs import BatchOrder, RunFolder
 
 
@@ -103,6 +105,9 @@ class Session:
 
     def peak_memory_mb(self) -> float:
         return self.runtime.peak_memory_mb()
+
+    def open_tensorboard(self, folder: Path, purge_step: int) -> Writer:
+        return Writer(folder, purge_step)
 
 
 def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData, log=print) -> dict:

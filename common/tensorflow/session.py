@@ -4,6 +4,7 @@ twin."""
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 from typing import Protocol
 
 import keras
@@ -20,6 +21,7 @@ from common.tensorflow.data import DeviceData, HostLoader
 from common.tensorflow.precision_report import precision_report
 from common.tensorflow.profiling import Profiler
 from common.tensorflow.runtime import Runtime
+from common.tensorflow.tensorboard import Writer
 
 
 class Trainer(Protocol):
@@ -87,6 +89,9 @@ class Session:
 
     def evaluate(self, cfg: RunConfig) -> dict:
         return evaluation.evaluate(cfg, self.trainer)
+
+    def open_tensorboard(self, folder: Path, purge_step: int) -> Writer:
+        return Writer(folder, purge_step)
 
     def peak_memory_mb(self) -> float:
         if self.runtime.device_type == "cuda":

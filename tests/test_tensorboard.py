@@ -1,0 +1,178 @@
+"""TensorBoard: both frameworks write the same tags at the same steps into their run folders, as
+TensorBoard's own reader reads them back; a resumed run continues its curves without duplicate
+steps; a real `tensorboard` server lists both runs and their scalars."""
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from PIL import Image
+from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.util import tensor_util
+
+from common import tensorboard
+from common.pytorch import tensorboard as pytorch_tensorboard
+from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+
+SCRIPTS = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}
+TINY = ["--batch-size", "16", "--data-limit", "64", "--log-every", "2", "--sample-every", "2"]
+INTERVAL_TAGS = {"loss/d_loss", "loss/g_loss", "amp/loss_scale", "amp/skipped_steps", "speed/ms_per_step",
+                 "speed/samples_per_s", "optimizer/lr"}
+SERVER_WAIT_S = 60
+
+
+def train(framework, out, *extra):
+    return SCRIPTS[framework].main(["--out", str(out), *TINY, *extra])
+
+
+def read_events(folder) -> dict:
+    """{tag: (plugin, [(step, value)])} of a run folder, read by TensorBoard's own reader (the
+    one its Python data path uses); a value is a float for scalars, else the tensor."""
+    accumulator = plugin_event_accumulator.EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    events = {}
+    for tag in accumulator.Tags()["tensors"]:
+        plugin = accumulator.SummaryMetadata(tag).plugin_data.plugin_name
+        values = [tensor_util.make_ndarray(event.tensor_proto) for event in accumulator.Tensors(tag)]
+        events[tag] = (plugin, [(event.step, float(value) if plugin == "scalars" else value)
+                                for event, value in zip(accumulator.Tensors(tag), values)])
+    return events
+
+
+def steps(events, tag) -> list[int]:
+    return [step for step, _ in events[tag][1]]
+
+
+def history(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+
+
+def logged(rows, key) -> list:
+    """(step, value) of a history field, as TensorBoard holds it (in float32)."""
+    return [(row["step"], pytest.approx(row[key], rel=1e-6)) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One tiny run per framework, side by side as in runs/<model>/, evaluated at the end."""
+    root = tmp_path_factory.mktemp("runs") / "vanilla_gan"
+    for framework in SCRIPTS:
+        train(framework, root / f"{framework}-fp32", "--iters", "4", "--evaluate", "100")
+    return root
+
+
+def test_both_frameworks_write_the_same_tags_at_the_same_steps(runs):
+    read = {framework: read_events(runs / f"{framework}-fp32") for framework in SCRIPTS}
+    shapes = {framework: {tag: (plugin, steps(events, tag)) for tag, (plugin, _) in events.items()}
+              for framework, events in read.items()}
+    assert shapes["pytorch"] == shapes["tensorflow"]
+    shape = shapes["pytorch"]
+    quality = {tag for tag in shape if tag.startswith("quality/")}
+    assert {"quality/fid", "quality/precision", "quality/recall"} <= quality
+    assert {tag: shape[tag] for tag in INTERVAL_TAGS | quality} == {
+        **{tag: ("scalars", [2, 4]) for tag in INTERVAL_TAGS}, **{tag: ("scalars", [4]) for tag in quality}}
+    assert shape["samples"] == ("images", [0, 2, 4])
+    assert shape["run/config"] == ("text", [0])
+    assert shape["_hparams_/session_start_info"] == ("hparams", [0])
+
+    for framework, events in read.items():
+        folder = runs / f"{framework}-fp32"
+        rows = history(folder)
+        assert events["loss/d_loss"][1] == logged(rows, "d_loss")
+        assert events["speed/ms_per_step"][1] == logged(rows, "step_ms")
+        metrics = json.loads((folder / "summary.json").read_text())["metrics"]
+        assert events["quality/fid"][1] == [(4, pytest.approx(metrics["fid"], rel=1e-6))]
+        # the image is the grid PNG the run saved at that step, pixel for pixel
+        width, height, png = events["samples"][1][-1][1]
+        decoded = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        assert decoded.shape == (int(height), int(width), 3)
+        np.testing.assert_array_equal(decoded, tensorboard.grid_image(folder / "samples" / "step_000004.png"))
+        text = events["run/config"][1][0][1].item().decode()
+        assert f"vanilla_gan, {framework}, fp32 on cpu" in text and "| batch_size | 16 |" in text
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_a_resumed_run_continues_its_curves_without_duplicate_steps(framework, tmp_path):
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "6", "--checkpoint-every", "4")
+    # As if the process had died after logging step 6 and before checkpointing it.
+    for path in (out / "checkpoints").glob("step_000006.*"):
+        path.unlink()
+    # TensorBoard reads a folder's event files in name order, and a name starts with the second
+    # its writer opened: the resumed run's file must come second, as it does for a real restart.
+    time.sleep(1.0)
+    train(framework, out, "--iters", "8", "--resume")
+
+    assert len(list(out.glob("events.out.tfevents.*"))) == 2  # one writer per process, one after the other
+    events = read_events(out)
+    rows = history(out)
+    assert [row["step"] for row in rows] == [2, 4, 6, 8]
+    for tag in INTERVAL_TAGS:
+        assert steps(events, tag) == [2, 4, 6, 8], tag  # step 6 once: the resumed run's
+    assert events["loss/g_loss"][1] == logged(rows, "g_loss")
+    assert steps(events, "samples") == [0, 2, 4, 6, 8]
+    assert steps(events, "run/config") == [0, 4]  # the settings of each start, at the step it started from
+
+
+def test_no_tensorboard_writes_none_and_a_failed_write_does_not_stop_training(tmp_path, monkeypatch, capsys):
+    train("pytorch", tmp_path / "off", "--iters", "2", "--no-tensorboard")
+    assert not list((tmp_path / "off").glob("events.out.tfevents.*"))
+
+    def disk_full(self, values, step):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pytorch_tensorboard.Writer, "scalars", disk_full)
+    summary = train("pytorch", tmp_path / "full", "--iters", "4")
+    assert summary["step"] == 4 and len(history(tmp_path / "full")) == 2
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "TensorBoard" in line]
+    assert warnings == ["warning: TensorBoard events could not be written (OSError: [Errno 28] No space left "
+                        "on device); the run goes on without them"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def test_a_tensorboard_server_lists_both_runs_and_their_scalars(runs, tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "tensorboard.log"
+    expected = {"pytorch-fp32", "tensorflow-fp32"}
+    with open(log, "wb") as output:
+        server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(runs),
+                                   "--host", "127.0.0.1", "--port", str(port)], stdout=output, stderr=output)
+    try:
+        deadline = time.monotonic() + SERVER_WAIT_S
+        tags = {}
+        while not (set(tags) == expected and all(INTERVAL_TAGS <= set(tags[run]) for run in expected)):
+            assert server.poll() is None, f"tensorboard exited: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"no runs after {SERVER_WAIT_S} s: {log.read_text()[-2000:]}"
+            time.sleep(0.5)
+            try:
+                if set(get_json(f"{base}/data/runs")) == expected:  # listed before their data is loaded
+                    tags = get_json(f"{base}/data/plugin/scalars/tags")
+            except OSError:
+                pass  # not listening yet
+        for run in expected:
+            assert "quality/fid" in tags[run]
+            points = get_json(f"{base}/data/plugin/scalars/scalars?run={run}&tag=loss/d_loss")
+            assert [step for _, step, _ in points] == [2, 4]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
