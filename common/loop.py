@@ -418,7 +418,9 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
                     diverged = True
                     break
             write_outputs(cfg, run, session, board, step, log_interval.skipped_total, finishing, clock)
-            if stop.requested and step < cfg.iters:
+            # `finishing`, not stop.requested: a signal that arrives after it was read (during
+            # the outputs above) stops the loop one step later, with that step checkpointed.
+            if finishing and step < cfg.iters:
                 stopped_early = True
                 break
     progress.close()
