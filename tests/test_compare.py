@@ -139,6 +139,8 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys):
     before = summary.stat().st_mtime_ns
     assert compare.main([*flags, "--fp32-vs-amp", "pytorch", "--reuse"]) == 0
     assert summary.stat().st_mtime_ns == before  # float32 reused, only AMP trained
+    last = capsys.readouterr().out.splitlines()[-1]  # where to look, as `make demo` ends
+    assert last.endswith(f"tensorboard --logdir {runs / 'vanilla_gan'}")
     table = json.loads((runs / "vanilla_gan" / "compare-fp32-vs-amp-bf16-pytorch"
                         / "table.json").read_text())
     assert [r["precision"] for r in table["rows"]] == ["fp32", "amp-bf16"]
