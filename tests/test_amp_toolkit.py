@@ -56,10 +56,13 @@ class ScriptedSession:
     def peak_memory_mb(self):
         return 1.0
 
+    def open_tensorboard(self, folder, purge_step):
+        raise AssertionError("scripted runs are made with tensorboard=False")
+
 
 def run_loop(tmp_path, values, scale=1.0, **settings):
     cfg = RunConfig(model="fake", framework="none", batch_size=4, log_every=10,
-                    sample_every=0, checkpoint_every=0, **settings)
+                    sample_every=0, checkpoint_every=0, tensorboard=False, **settings)  # no writer here
     run = RunFolder(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)
     messages = []
