@@ -280,3 +280,35 @@ def test_point_networks_are_twins_within_float32_target():
         worst_abs, _ = parity.compare(parity.run_torch(torch_net, inputs, amp=False),
                                       parity.run_keras(keras_net, inputs))
         assert worst_abs <= parity.FLOAT32_TARGET, (name, worst_abs)
+
+
+def test_one_skipped_critic_update_among_five_counts_the_iteration_as_skipped_in_tensorflow(monkeypatch):
+    """Keras' LossScaleOptimizer halves its scale on every update it skips: the session sees
+    one non-finite critic update out of five (the loop's `skipped`), as PyTorch's does."""
+    from common.config import RunConfig
+    from common.tensorflow.data import load_data
+    from common.tensorflow.runtime import setup
+    from common.tensorflow.session import Session
+
+    cfg = RunConfig(model="wgan_gp", framework="tensorflow", amp=True, amp_dtype="float16", batch_size=20,
+                    dataset="ring8", data_limit=64, seed=1, width=4)
+    runtime = setup(cfg, log=lambda *_: None)
+    try:
+        data = load_data(cfg, runtime, hparams.PIXEL_RANGE)
+        networks = wgan_gp_tensorflow.build_networks(data.sample_shape, cfg.width)
+        calls, clean_loss = [], wgan_gp_tensorflow.critic_loss
+
+        def third_update_poisoned(real_scores, fake_scores, penalty):
+            calls.append(1)
+            loss = clean_loss(real_scores, fake_scores, penalty)
+            return loss + np.inf if len(calls) == 3 else loss
+
+        monkeypatch.setattr(wgan_gp_tensorflow, "critic_loss", third_update_poisoned)
+        wgan = wgan_gp_tensorflow.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
+        session = Session(wgan, data, runtime)
+        scale_before = float(wgan.d_optimizer.dynamic_scale)
+        skipped = float(session.train_on(data.batch(tf.range(20)))["skipped"])  # eager: one call, five updates
+        assert len(calls) == hparams.CRITIC_STEPS
+        assert float(wgan.d_optimizer.dynamic_scale) == scale_before / 2 and skipped == 1.0
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

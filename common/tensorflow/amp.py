@@ -28,16 +28,18 @@ def loss_scale_optimizer(inner: keras.optimizers.Optimizer, cfg: RunConfig) -> k
                                                dynamic_growth_steps=cfg.growth_interval)
 
 
-def step_counts(optimizers) -> list[tf.Tensor]:
-    """Each optimizer's `iterations` now: a LossScaleOptimizer does not advance it on a step
-    it skips, so comparing before and after a training step finds the skipped ones."""
-    return [tf.identity(optimizer.iterations) for optimizer in optimizers]
+def scales_now(optimizers) -> list[tf.Tensor]:
+    """Each LossScaleOptimizer's scale now, on the device."""
+    return [tf.identity(o.dynamic_scale) for o in optimizers if isinstance(o, keras.optimizers.LossScaleOptimizer)]
 
 
-def any_skipped(optimizers, counts_before: list[tf.Tensor]) -> tf.Tensor:
-    """1.0 when an optimizer skipped its update since `counts_before`, on the device."""
-    stood_still = [tf.equal(optimizer.iterations, before) for optimizer, before in zip(optimizers, counts_before)]
-    return tf.cast(tf.reduce_any(tf.stack(stood_still)), tf.float32)
+def any_skipped(optimizers, scales_before: list[tf.Tensor]) -> tf.Tensor:
+    """1.0 when a scale went down since `scales_before`, on the device: a LossScaleOptimizer
+    halves its scale on every update it skips, so this finds one skipped update among many in
+    a training step (WGAN-GP's five critic updates) as PyTorch's scale_went_down does."""
+    scaled = [o for o in optimizers if isinstance(o, keras.optimizers.LossScaleOptimizer)]
+    went_down = [tf.less(o.dynamic_scale, before) for o, before in zip(scaled, scales_before)]
+    return tf.cast(tf.reduce_any(tf.stack(went_down)), tf.float32)
 
 
 def loss_scale(optimizers) -> float:

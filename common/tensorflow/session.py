@@ -53,10 +53,10 @@ class Session:
         """The model's training step on a batch, plus "skipped" under float16 (what tf.function
         compiles; called directly, it runs eagerly)."""
         optimizers = list(self.trainer.optimizers.values())
-        counts = amp.step_counts(optimizers) if self.runtime.loss_scaling else None
+        scales = amp.scales_now(optimizers) if self.runtime.loss_scaling else None
         metrics = self.trainer.train_step(batch)
-        if counts is not None:
-            metrics = {**metrics, "skipped": amp.any_skipped(optimizers, counts)}
+        if scales is not None:
+            metrics = {**metrics, "skipped": amp.any_skipped(optimizers, scales)}
         return metrics
 
     def start(self, order: BatchOrder, start_step: int, stop_step: int):
