@@ -11,6 +11,11 @@ One iteration:
        losses and optimizers": scale each loss, step each optimizer (each skips its own step
        on inf/NaN gradients), update the scale once per iteration.
 Under bfloat16 and float32 the scaler is disabled and its calls pass everything through.
+
+Under torchrun the updates run through DDP wrappers (common/pytorch/runtime.py), which
+average each network's gradients over the replicas during its backward pass; G's loss runs
+through the plain D, whose gradients it does not need, so nothing is all-reduced for them.
+Each replica trains on its share of the global batch and of the noise drawn for it.
 """
 from __future__ import annotations
 
@@ -34,6 +39,11 @@ class GAN:
         self.generator, self.discriminator = runtime.place(generator), runtime.place(discriminator)
         self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
         self.z_dim, self.cfg, self.data = z_dim, cfg, data
+        # Under torchrun, DDP wrappers that average the gradients over the replicas; in one
+        # process, the networks themselves.
+        self.replicas = runtime.replicas
+        self.parallel_generator = runtime.data_parallel(self.generator)
+        self.parallel_discriminator = runtime.data_parallel(self.discriminator)
         self.g_optimizer = make_optimizer(cfg, self.generator.parameters())
         self.d_optimizer = make_optimizer(cfg, self.discriminator.parameters())
         # AMP: autocast's device and 16-bit dtype (None: autocast off), and one GradScaler.
@@ -45,11 +55,12 @@ class GAN:
         self._fixed_noise = None
 
     def train_step(self, real: torch.Tensor) -> dict:
-        z = torch.randn(real.shape[0], self.z_dim, device=real.device)
+        z = self.replicas.randn(real.shape[0], self.z_dim, device=real.device)  # torch.randn in one process
 
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            fake = self.generator(z)
-            d_loss = self.discriminator_loss(self.discriminator(real), self.discriminator(fake.detach()))
+            fake = self.parallel_generator(z)
+            d_loss = self.discriminator_loss(self.parallel_discriminator(real),
+                                             self.parallel_discriminator(fake.detach()))
         self.d_optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(d_loss).backward()
         if self.clip_grad_norm:

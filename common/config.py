@@ -72,6 +72,7 @@ class RunConfig:
     workers: int = 0
     width: int = 64
     tensorboard: bool = True
+    sync_bn: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -195,6 +196,12 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training.add_argument("--device", choices=("auto", "cpu", "cuda"),
                           help="auto = CUDA when available, else CPU")
 
+    parallel = parser.add_argument_group(
+        "data parallel", "PyTorch: launch with torchrun --nproc-per-node N; --batch-size is the global batch")
+    parallel.add_argument("--sync-bn", action="store_true",
+                          help="synchronise batch-norm statistics across the replicas "
+                               "(PyTorch: SyncBatchNorm, CUDA only); default: each replica its own")
+
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASET_CHOICES, help="training data")
     data.add_argument("--data-dir", help="folder with the dataset's files "
@@ -262,6 +269,9 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError("--xla is TensorFlow's compiler; PyTorch's is --compile")
     if cfg.compile and cfg.framework != "pytorch":
         raise UsageError("--compile is PyTorch's compiler (torch.compile); TensorFlow's is --xla")
+    if cfg.sync_bn and cfg.framework == "tensorflow":
+        raise UsageError("--sync-bn: TensorFlow's data-parallel training (tf.distribute) is not "
+                         "in this repository yet; PyTorch's is (torchrun)")
     if cfg.growth_factor <= 1:
         raise UsageError(f"--growth-factor {cfg.growth_factor} must be above 1 (the scale grows)")
     if not 0 < cfg.backoff_factor < 1:

@@ -7,6 +7,10 @@ class UserError(Exception):
 
     exit_code = 1
 
+    def __init__(self, message: str = "", quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet  # another process has printed the line already (data-parallel replicas)
+
 
 class UsageError(UserError):
     """Invalid flags or flag combinations. Exit status 2, as argparse uses."""
@@ -32,7 +36,8 @@ def exit_on_user_error(main):
         try:
             return main(*args, **kwargs)
         except UserError as error:
-            sys.stderr.write(f"error: {error}\n")
+            if not error.quiet:
+                sys.stderr.write(f"error: {error}\n")
             sys.exit(error.exit_code)
 
     return wrapper

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from common import porting
 from common.config import SCALE_WARN_WINDOW, RunConfig
+from common.distributed import OneProcess, Replicas
 from common.errors import UserError
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
@@ -36,6 +37,7 @@ class Session(Protocol):
     precision: str            # "fp32" | "amp-fp16" | "amp-bf16"
     checkpoints: Checkpoints  # the training state in one file per checkpoint
     profiler: Profiler        # --profile's window
+    replicas: Replicas        # data-parallel replicas (common/distributed.py); one by default
 
     def start(self, order: BatchOrder, start_step: int, stop_step: int) -> None:
         """Before the first step: a host loader starts gathering batches in this order."""
@@ -48,7 +50,11 @@ class Session(Protocol):
         with "skipped" (1.0 when a loss scaler skipped the update) when the loss is scaled."""
 
     def fetch(self, metrics: dict[str, Any]) -> dict[str, float]:
-        """Device scalars to floats: the only host<->device sync of the hot path."""
+        """Device scalars to floats, averaged over the replicas: the only host<->device sync
+        of the hot path."""
+
+    def stop_signal(self, signum: int) -> int:
+        """The stop signal any replica has received (0: none), agreed by all of them."""
 
     def loss_scale(self) -> float:
         """The current loss scale (1.0 when nothing is scaled)."""
@@ -77,12 +83,16 @@ class TrainingDiverged(UserError):
 
 class StopRequest:
     """First Ctrl-C (or SIGTERM, as a scheduler or `kill` sends): finish the current step,
-    checkpoint, exit. A second one: stop at once."""
+    checkpoint, exit. A second one: stop at once. One that follows the first within
+    RELAY_WINDOW_S is the same request relayed (torchrun passes on the Ctrl-C the terminal has
+    already delivered to every replica), not a second one."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    RELAY_WINDOW_S = 2.0
 
     def __init__(self):
         self.requested = None  # the signal number once one arrived
+        self._at = None
         self._previous = {}
 
     def __enter__(self):
@@ -94,8 +104,10 @@ class StopRequest:
 
     def _handle(self, signum, frame):
         if self.requested:
+            if time.monotonic() - self._at < self.RELAY_WINDOW_S:
+                return
             raise KeyboardInterrupt
-        self.requested = signum
+        self.requested, self._at = signum, time.monotonic()
         sys.stderr.write(f"\n{signal.Signals(signum).name}: finishing this step and saving a "
                          "checkpoint (Ctrl-C again to quit at once)\n")
 
@@ -155,20 +167,28 @@ class Monitor:
 # --- the parts of a run -------------------------------------------------------------------
 
 def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, export_weights, import_weights,
-             sample_shape: tuple, log=print) -> RunFolder:
+             sample_shape: tuple, replicas: Replicas = OneProcess(), log=print) -> RunFolder:
     """The run folder to train in (reopened under --resume). A fresh run first loads
     --init-from's weights into `networks` (`import_weights(network, layers)`), then saves its
-    initial weights there in the layout both frameworks read (`export_weights(network)`)."""
+    initial weights there in the layout both frameworks read (`export_weights(network)`).
+    Data parallel: every replica loads --init-from; rank 0 prepares the folder while the
+    others wait, and they see it read-only."""
     if cfg.init_from and not cfg.resume:
         source = porting.start_from(cfg.init_from, networks, import_weights, sample_shape)
         log(f"initial weights from {source}")
-    run = RunFolder.prepare(cfg, precision, details)
-    log(f"run folder: {run.path}")
-    if not cfg.resume:
-        porting.save_initial_weights(
-            run.path, {name: export_weights(network) for name, network in networks.items()},
-            {"model": cfg.model, "framework": cfg.framework, "seed": cfg.seed, "sample_shape": list(sample_shape)})
-    return run
+
+    def prepare() -> RunFolder:
+        run = RunFolder.prepare(cfg, precision, details)
+        log(f"run folder: {run.path}")
+        if not cfg.resume:
+            porting.save_initial_weights(
+                run.path, {name: export_weights(network) for name, network in networks.items()},
+                {"model": cfg.model, "framework": cfg.framework, "seed": cfg.seed,
+                 "sample_shape": list(sample_shape)})
+        return run
+
+    run = replicas.writer_first(prepare)
+    return run if replicas.writer else RunFolder.replica_view(cfg, precision)
 
 
 def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, int]:
@@ -227,9 +247,10 @@ class StepClock:
 class Progress:
     """A tqdm bar on a terminal; else (a log file, CI) a plain line about ten times a run."""
 
-    def __init__(self, cfg: RunConfig, start_step: int, log):
+    def __init__(self, cfg: RunConfig, start_step: int, log, shown: bool = True):
         self.cfg, self.log = cfg, log
-        self.bar = tqdm(total=cfg.iters, initial=start_step, disable=None, dynamic_ncols=True,
+        # disable=None: a bar on a terminal only; none on the replicas that do not write
+        self.bar = tqdm(total=cfg.iters, initial=start_step, disable=None if shown else True, dynamic_ncols=True,
                         desc=f"{cfg.model} {cfg.framework}", leave=True)
         self.quiet_every = max(cfg.log_every, cfg.iters // 10)
 
@@ -310,7 +331,7 @@ class ProfileWindow:
 
     def __init__(self, cfg: RunConfig, run: RunFolder, session: Session, start_step: int, log):
         self.run, self.session, self.log = run, session, log
-        self.first = start_step + WARMUP_STEPS if cfg.profile else None
+        self.first = start_step + WARMUP_STEPS if cfg.profile and run.writable else None
 
     def before(self, step: int):
         if step == self.first:
@@ -331,6 +352,8 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
                   skipped_total: int, finishing: bool, clock: StepClock):
     """Sample grids (also to TensorBoard) every --sample-every steps, checkpoints every
     --checkpoint-every (the last two kept), and both at the last step."""
+    if not run.writable:
+        return
     wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
     wants_checkpoint = finishing or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
     if not (wants_samples or wants_checkpoint):
@@ -354,6 +377,7 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
         "samples_per_s": cfg.batch_size * 1000.0 / median_ms if median_ms else None,
         "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": log_interval.skipped_total,
         "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
+        "replicas": session.replicas.count,
         "stopped_early": stopped_early,
     }
 
@@ -363,7 +387,8 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
     the summary, and end the run with one line."""
     monitor = log_interval.monitor
     path = run.checkpoints / f"diverged_step_{step:06d}.{session.checkpoints.suffix}"
-    session.checkpoints.save(path, {"step": step, "skipped_total": log_interval.skipped_total})
+    if run.writable:
+        session.checkpoints.save(path, {"step": step, "skipped_total": log_interval.skipped_total})
     summary = summarize(cfg, session, step, log_interval, stopped_early=False)
     run.write_summary({**summary, "stopped": f"losses inf/NaN since step {monitor.nonfinite_since}"})
     good = run.latest_checkpoint()
@@ -372,7 +397,8 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
     raise TrainingDiverged(
         f"the losses have been inf/NaN since step {monitor.nonfinite_since} "
         f"({monitor.nonfinite_streak} steps): stopped at step {step}, state saved in "
-        f"{path}; lower --lr, try --clip-grad-norm or --amp-dtype bfloat16; {advice}")
+        f"{path}; lower --lr, try --clip-grad-norm or --amp-dtype bfloat16; {advice}",
+        quiet=not run.writable)  # data parallel: rank 0 says it
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -380,7 +406,7 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
 def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, log=print) -> dict:
     """Run iterations until cfg.iters (or a Ctrl-C); return the summary written to the run."""
     start_step, skipped_total = resume(cfg, run, session, log)
-    board = Board(cfg, run, session.open_tensorboard, start_step, log)
+    board = Board(cfg, run, session.open_tensorboard, start_step, log, enabled=run.writable)
     try:
         return train_from(cfg, run, session, num_examples, board, start_step, skipped_total, log)
     finally:
@@ -391,11 +417,11 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
                start_step: int, skipped_total: int, log) -> dict:
     order = BatchOrder(num_examples, cfg.batch_size, cfg.seed)
     batches = Batches(order, session)
-    clock, progress = StepClock(session), Progress(cfg, start_step, log)
+    clock, progress = StepClock(session), Progress(cfg, start_step, log, shown=run.writable)
     log_interval = IntervalLog(cfg, run, session, clock, progress, board, skipped_total, log)
     profile = ProfileWindow(cfg, run, session, start_step, log)
 
-    if start_step == 0 and cfg.sample_every:
+    if start_step == 0 and cfg.sample_every and run.writable:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
         board.samples(0)
     session.start(order, start_step, cfg.iters)
@@ -411,7 +437,8 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             log_interval.add(session.train_step(indices))
             step += 1
             profile.after(step, clock)
-            finishing = step == cfg.iters or bool(stop.requested)
+            stop_signal = session.stop_signal(stop.requested or 0)  # the same on every replica
+            finishing = step == cfg.iters or bool(stop_signal)
             if log_interval.due(step, finishing):
                 log_interval.close(step, finishing)
                 if log_interval.diverged:
@@ -426,18 +453,23 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     progress.close()
 
     if diverged:
-        stop_diverged(cfg, run, session, step, log_interval)
+        try:
+            stop_diverged(cfg, run, session, step, log_interval)
+        finally:
+            session.replicas.wait_for_writer()
     summary = summarize(cfg, session, step, log_interval, stopped_early)
     if step == start_step and (run.path / "summary.json").exists():
         # Nothing trained in this process (say, evaluating a finished run): keep its figures.
         summary = {**run.read_summary(), "stopped_early": False}
-    if cfg.evaluate and not stopped_early:
+    if cfg.evaluate and not stopped_early and run.writable:
         summary["metrics"] = session.evaluate(cfg)
         board.metrics(summary["metrics"], step)
     run.write_summary(summary)
     if stopped_early:
+        session.replicas.wait_for_writer()
         log(f"stopped at step {step}, checkpoint saved; continue with the same command and --resume")
-        sys.exit(128 + stop.requested)  # the shell's status for that signal: 130 for Ctrl-C
+        sys.exit(128 + stop_signal)  # the shell's status for that signal: 130 for Ctrl-C
+    session.replicas.wait_for_writer()
     if log_interval.median_step_ms() is not None:  # this process trained: the figures are its own
         log(f"done: step {step}, median {summary['median_step_ms']:.2f} ms/step "
             f"({summary['samples_per_s']:.0f} samples/s), peak memory "

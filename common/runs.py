@@ -59,8 +59,11 @@ class Checkpoints(Protocol):
 
 
 class RunFolder:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, writable: bool = True):
         self.path = Path(path)
+        # False on the data-parallel replicas other than rank 0: they read (checkpoints to
+        # resume from), and what they would write, rank 0 writes.
+        self.writable = writable
         self.samples = self.path / "samples"
         self.checkpoints = self.path / "checkpoints"
         self.history_file = self.path / "history.jsonl"
@@ -82,6 +85,11 @@ class RunFolder:
         atomic_write(run.path / "config.json",
                      lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
         return run
+
+    @classmethod
+    def replica_view(cls, cfg: RunConfig, precision: str) -> "RunFolder":
+        """The run folder rank 0 has prepared, as the other replicas see it: read-only."""
+        return cls(run_dir_for(cfg, precision), writable=False)
 
     def _check_resumable(self, config: dict) -> None:
         saved_path = self.path / "config.json"
@@ -120,11 +128,15 @@ class RunFolder:
         return found[-1] if found else None
 
     def prune_checkpoints(self) -> None:
+        if not self.writable:
+            return
         for _, path in self.list_checkpoints()[:-KEEP_CHECKPOINTS]:
             path.unlink(missing_ok=True)
 
     # --- history and summary -----------------------------------------------------------
     def append_history(self, row: dict) -> None:
+        if not self.writable:
+            return
         with open(self.history_file, "a") as file:
             file.write(json.dumps(row) + "\n")
 
@@ -135,11 +147,15 @@ class RunFolder:
 
     def truncate_history(self, last_step: int) -> None:
         """Drop rows logged after the checkpoint a resumed run restarts from."""
+        if not self.writable:
+            return
         rows = [row for row in self.read_history() if row["step"] <= last_step]
         atomic_write(self.history_file,
                      lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))
 
     def write_summary(self, summary: dict) -> None:
+        if not self.writable:
+            return
         atomic_write(self.path / "summary.json",
                      lambda f: f.write(json.dumps(summary, indent=2, sort_keys=True).encode()))
 

@@ -107,10 +107,10 @@ class Board:
     failed write (a full disk, say) ends the writing with one warning, never the training."""
 
     def __init__(self, cfg: RunConfig, run: RunFolder, open_writer: Callable[[Path, int], Writer],
-                 start_step: int, log=print):
+                 start_step: int, log=print, enabled: bool = True):
         self.cfg, self.run, self.log = cfg, run, log
         self.writer = None
-        if not cfg.tensorboard:
+        if not (cfg.tensorboard and enabled):  # enabled: False on data-parallel ranks but 0
             return
         with self._guard():
             self.writer = open_writer(run.path, start_step + 1)

@@ -8,6 +8,7 @@ peak memory for every model x framework x precision, each configuration in a fre
     python scripts/benchmark.py --models vanilla_gan --repeat 3   # median of 3 runs, with the range
     python scripts/benchmark.py --workers 2                       # also rows with the host loader
     python scripts/benchmark.py --preset paper-dcgan              # DCGAN at the paper's size (below)
+    python scripts/benchmark.py --frameworks pytorch --replicas 2  # also 2 data-parallel replicas
 
 The paper-dcgan preset is the DCGAN of Radford et al. and of the PyTorch DCGAN example:
 64x64 images (MNIST resized), width 64 (ngf = ndf = 64), batch 64, 40 steps; flags given
@@ -21,6 +22,10 @@ memory is the CUDA allocator's peak on a GPU and the process's peak resident set
 process on the machine slows PyTorch's CPU threads sharply, so take figures on a quiet one.
 The CPU is recorded too (model, cores, AVX512-BF16 and AMX present or not): what bfloat16
 costs depends on it more than on anything else.
+--replicas N adds, for each configuration, a row of N data-parallel replicas (torchrun, DDP)
+at the same global batch; "scaling" is its throughput over N times the one-replica row's.
+On a CPU every process then runs one thread, the one-replica row too, so the figure is the
+cost of the all-reduces on this machine; on GPUs it is the scaling efficiency.
 Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
@@ -48,26 +53,34 @@ PRESETS = {
 }
 
 
-def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, args) -> dict:
+def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, replicas: int, args) -> dict:
     compiler, compiler_flag = COMPILERS[framework] if compiled else ("-", None)
     loader = f"{workers} workers" if workers else "resident"
     folder = args.out / model / (f"{framework}-{precision}{'-compiled' if compiled else ''}"
-                                 f"{f'-workers{workers}' if workers else ''}")
-    command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder), "--overwrite",
+                                 f"{f'-workers{workers}' if workers else ''}"
+                                 f"{f'-replicas{replicas}' if args.replicas else ''}")
+    launcher = [sys.executable]
+    if replicas > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(replicas)]
+    environment = dict(os.environ)
+    if args.replicas:  # one thread per process in both rows (torchrun's default for its workers)
+        environment["OMP_NUM_THREADS"] = "1"
+    command = [*launcher, str(models.MODELS[model].script(framework)), "--out", str(folder), "--overwrite",
                "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
                "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
                "--workers", str(workers), *args.flags]
     load = os.getloadavg()[0]
-    name = f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}{f' {loader}' if workers else ''}"
+    name = (f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}{f' {loader}' if workers else ''}"
+            f"{f' x{replicas}' if replicas > 1 else ''}")
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
-    result = subprocess.run(command, cwd=models.REPO, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=models.REPO, capture_output=True, text=True, env=environment)
     if result.returncode != 0:
         raise UserError(f"{name} failed (exit {result.returncode}): "
                         f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     return {"model": model, "framework": framework, "precision": config["precision"], "compiler": compiler,
-            "data": loader,
+            "data": loader, "replicas": replicas,
             "device": config["device"], "median_step_ms": summary["median_step_ms"],
             "samples_per_s": summary["samples_per_s"], "peak_memory_mb": summary["peak_memory_mb"],
             "skipped_steps": summary["skipped_steps"], "load_average_before": load}
@@ -75,15 +88,16 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
 
 def markdown(rows: list[dict], machine: dict) -> str:
     lines = [f"CPU: {cpu.summary(machine['cpu'])}; flags: {' '.join(machine['flags']) or '-'}", "",
-             "| model | framework | precision | compiler | data | device | median ms/step | samples/s "
-             "| speedup vs fp32 | peak MB | skipped |", "|" + "---|" * 11]
+             "| model | framework | precision | compiler | data | replicas | device | median ms/step "
+             "| samples/s | speedup vs fp32 | scaling | peak MB | skipped |", "|" + "---|" * 13]
     for row in rows:
         speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
+        scaling = f"{row['scaling']:.0%}" if row.get("scaling") else "-"
         runs = row["step_ms_runs"]
         spread = f" ({runs[0]:.2f}-{runs[-1]:.2f})" if len(runs) > 1 else ""
         lines.append(f"| {row['model']} | {row['framework']} | {row['precision']} | {row['compiler']} "
-                     f"| {row['data']} | {row['device']} "
-                     f"| {row['median_step_ms']:.2f}{spread} | {row['samples_per_s']:.0f} | {speedup} "
+                     f"| {row['data']} | {row['replicas']} | {row['device']} "
+                     f"| {row['median_step_ms']:.2f}{spread} | {row['samples_per_s']:.0f} | {speedup} | {scaling} "
                      f"| {row['peak_memory_mb']:.0f} | {row['skipped_steps']} |")
     return "\n".join(lines)
 
@@ -103,6 +117,8 @@ def main(argv=None) -> int:
                         help="runs per configuration, round robin; the table gives the median run and the range")
     parser.add_argument("--workers", type=int, default=0,
                         help="also measure every configuration with the host loader of N workers")
+    parser.add_argument("--replicas", type=int, default=0,
+                        help="also measure every configuration with N data-parallel replicas (PyTorch: torchrun)")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
     parser.add_argument("--preset", choices=tuple(PRESETS),
@@ -113,28 +129,38 @@ def main(argv=None) -> int:
     args, args.flags = parser.parse_known_args(argv)
     args.flags = [*preset.get("flags", []), *args.flags]  # a model script takes a flag's last value
     args.models = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
-    if args.repeat < 1 or args.workers < 0:
-        raise UsageError("--repeat must be at least 1 and --workers at least 0")
+    if args.repeat < 1 or args.workers < 0 or args.replicas < 0 or args.replicas == 1:
+        raise UsageError("--repeat must be at least 1, --workers at least 0 and --replicas at least 2")
+    if args.replicas and "tensorflow" in args.frameworks:
+        raise UsageError("--replicas: TensorFlow's data-parallel training (tf.distribute) is not in "
+                         "this repository yet; add --frameworks pytorch")
     if args.iters < 2 * args.log_every or args.log_every < 1:
         raise UsageError("--iters must cover at least two --log-every intervals "
                          "(the first is warm-up and not counted)")
-    configurations = [(model, framework, precision, compiled, workers)
+    configurations = [(model, framework, precision, compiled, workers, replicas)
                       for model in args.models for framework in args.frameworks
                       for precision in args.precisions
                       for compiled in ((False, True) if args.compiled else (False,))
-                      for workers in ((0, args.workers) if args.workers else (0,))]
+                      for workers in ((0, args.workers) if args.workers else (0,))
+                      for replicas in ((1, args.replicas) if args.replicas else (1,))]
     runs = {configuration: [] for configuration in configurations}
     for _ in range(args.repeat):  # round robin: a slow spell of the machine hits every configuration
         for configuration in configurations:
             runs[configuration].append(measure(*configuration, args))
-    rows, baselines = [], {}
-    for (model, framework, precision, compiled, workers), measured in runs.items():
+    rows, baselines, single = [], {}, {}
+    for (model, framework, precision, compiled, workers, replicas), measured in runs.items():
         measured = sorted(measured, key=lambda row: row["median_step_ms"])
         row = {**measured[len(measured) // 2], "step_ms_runs": [r["median_step_ms"] for r in measured]}
-        if precision == "fp32" and not compiled and not workers:  # what this model/framework's rows are compared with
+        # the row this model/framework's other rows are compared with
+        if precision == "fp32" and not compiled and not workers and replicas == 1:
             baselines[model, framework] = row["median_step_ms"]
-        elif (model, framework) in baselines:
+        elif (model, framework) in baselines and replicas == 1:
             row["speedup"] = baselines[model, framework] / row["median_step_ms"]
+        if replicas == 1:
+            single[model, framework, precision, compiled, workers] = row
+        else:  # throughput over N one-replica throughputs
+            alone = single[model, framework, precision, compiled, workers]
+            row["scaling"] = row["samples_per_s"] / (replicas * alone["samples_per_s"])
         rows.append(row)
     machine = {"platform": platform.platform(), "cpu": cpu.describe(), "iters": args.iters,
                "log_every": args.log_every, "preset": args.preset, "flags": args.flags}

@@ -11,6 +11,7 @@ import pytest
 
 from common import loop
 from common.config import RunConfig, parse_args
+from common.distributed import OneProcess
 from common.runs import RunFolder
 
 # --- the monitor, driven by a fake session (no framework) ----------------------------------
@@ -20,6 +21,7 @@ class ScriptedSession:
     """Plays back per-step metrics chosen by the test: `values(step)` -> dict of floats."""
 
     precision = "fp32"
+    replicas = OneProcess()
 
     def __init__(self, values, scale=1.0):
         self.values, self.scale, self.step = values, scale, 0
@@ -39,6 +41,9 @@ class ScriptedSession:
 
     def fetch(self, metrics):
         return {k: float(v) for k, v in metrics.items()}
+
+    def stop_signal(self, signum):
+        return signum
 
     def loss_scale(self):
         return self.scale

@@ -130,9 +130,12 @@ class WGANGP(GAN):
     """The shared GAN's networks, optimizers, samples and evaluation (GAN/gan_step_pytorch.py),
     with WGAN-GP's own training step. The critic is the GAN's discriminator."""
 
+    batch_parts = hparams.CRITIC_STEPS  # under torchrun each critic batch is sharded on its own
+
     def __init__(self, generator: nn.Module, critic: nn.Module, cfg, runtime: Runtime, data):
         super().__init__(generator, critic, critic_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
         self.critic, self.critic_optimizer = self.discriminator, self.d_optimizer
+        self.parallel_critic = self.parallel_discriminator  # DDP under torchrun (GAN.__init__)
 
     def train_step(self, real: torch.Tensor) -> dict:
         device, autocast_on = real.device, self.amp_dtype is not None
@@ -140,13 +143,14 @@ class WGANGP(GAN):
         totals = torch.zeros(3, device=device)  # critic loss, penalty, Wasserstein estimate
         for real_part in torch.chunk(real, hparams.CRITIC_STEPS):
             count = real_part.shape[0]
-            z = torch.randn(count, self.z_dim, device=device)
-            eps = torch.rand(count, *eps_shape, device=device)
+            # torch.randn and torch.rand in one process; under torchrun this replica's share
+            z = self.replicas.randn(count, self.z_dim, device=device)
+            eps = self.replicas.rand(count, *eps_shape, device=device)
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=autocast_on):
                 with torch.no_grad():  # the critic's update needs no gradient through G
                     fake = self.generator(z)
-                real_scores, fake_scores = self.critic(real_part), self.critic(fake)
-                penalty = gradient_penalty(self.critic, real_part, fake, eps, self.scaler)
+                real_scores, fake_scores = self.parallel_critic(real_part), self.parallel_critic(fake)
+                penalty = gradient_penalty(self.parallel_critic, real_part, fake, eps, self.scaler)
                 c_loss = critic_loss(real_scores, fake_scores, penalty)
             self.critic_optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(c_loss).backward()
@@ -164,10 +168,10 @@ class WGANGP(GAN):
 
         # G's update: a fresh noise batch of the critic-batch size, through the updated critic,
         # whose weights need no gradient here.
-        z = torch.randn(real.shape[0] // hparams.CRITIC_STEPS, self.z_dim, device=device)
+        z = self.replicas.randn(real.shape[0] // hparams.CRITIC_STEPS, self.z_dim, device=device)
         self.critic.requires_grad_(False)
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=autocast_on):
-            g_loss = generator_loss(self.critic(self.generator(z)))
+            g_loss = generator_loss(self.critic(self.parallel_generator(z)))
         self.g_optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(g_loss).backward()
         self.critic.requires_grad_(True)

@@ -103,6 +103,12 @@ class VAE:
 
     def __init__(self, encoder: Encoder, decoder: Decoder, cfg, runtime: Runtime):
         self.encoder, self.decoder = runtime.place(encoder), runtime.place(decoder)
+        # Under torchrun, DDP wrappers that average the gradients over the replicas (each
+        # trains on its share of the global batch, and of the noise drawn for it); in one
+        # process, the networks themselves.
+        self.replicas = runtime.replicas
+        self.parallel_encoder = runtime.data_parallel(self.encoder)
+        self.parallel_decoder = runtime.data_parallel(self.decoder)
         self.cfg = cfg
         self.z_dim = hparams.LATENT
         self.params = [*self.encoder.parameters(), *self.decoder.parameters()]
@@ -117,9 +123,10 @@ class VAE:
 
     def train_step(self, x: torch.Tensor) -> dict:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            mean, logvar = self.encoder(x)
-            z = reparameterize(mean, logvar, torch.randn_like(mean, dtype=torch.float32))
-            logits = self.decoder(z)
+            mean, logvar = self.parallel_encoder(x)
+            eps = self.replicas.randn(*mean.shape, device=mean.device)  # torch.randn in one process
+            z = reparameterize(mean, logvar, eps)
+            logits = self.parallel_decoder(z)
         loss, recon, kl = vae_loss(x, logits, mean, logvar)
 
         self.optimizer.zero_grad(set_to_none=True)

@@ -67,9 +67,10 @@ class HostLoader(DeviceData):
         self.device, self.workers = device, workers
         self._batches = None
 
-    def start(self, order, start_step: int, stop_step: int):
+    def start(self, order, start_step: int, stop_step: int, local=lambda indices: indices):
+        """`local`: a global batch's indices -> this replica's (data-parallel runs)."""
         loader = torch.utils.data.DataLoader(
-            _Rows(self.x.numpy()), batch_sampler=list(order.batches(start_step, stop_step)),
+            _Rows(self.x.numpy()), batch_sampler=[local(batch) for batch in order.batches(start_step, stop_step)],
             collate_fn=_as_is, num_workers=self.workers, persistent_workers=True,
             pin_memory=self.device.type == "cuda", prefetch_factor=4,
             generator=torch.Generator())  # its worker seed must not be drawn from the training RNG

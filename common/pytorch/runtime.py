@@ -1,17 +1,203 @@
-"""What a PyTorch run runs on: seeds, device, precision and the loss scaler, set up once."""
+"""What a PyTorch run runs on: seeds, device, precision and the loss scaler, set up once, and
+the data-parallel replicas it is one of (common/tensorflow/runtime.py is the twin).
+
+Data parallel:
+    torchrun --standalone --nproc-per-node N GAN/dcgan/dcgan_pytorch.py [flags]
+    torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...
+
+torchrun starts one process per replica and tells each its rank (RANK, WORLD_SIZE,
+LOCAL_RANK). Each process drives one GPU (NCCL), or a CPU (gloo); every process builds the
+same networks from the same seed, and DistributedDataParallel (DDP) averages the gradients
+of each backward pass over the replicas, so the optimizers take identical steps everywhere.
+AMP is unchanged: one GradScaler per process, and since the gradients it checks are the
+averaged ones, every replica skips the same steps. Batch norm keeps per-replica statistics
+(broadcast_buffers off: DDP would otherwise overwrite them in place between D's two forward
+passes), or is synchronised across GPUs with --sync-bn.
+"""
 from __future__ import annotations
 
+import atexit
+import contextlib
+import inspect
 import os
 import random
+import re
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
+from common import distributed
 from common.config import RunConfig, describe_precision, resolve_precision, warn_if_bf16_emulated
-from common.errors import UsageError
+from common.errors import UsageError, UserError
 from common.pytorch import amp
+
+# How long a replica waits for the others at a collective before it gives up with one line
+# (a replica that dies closes its connections, and the others learn of it at once).
+REPLICA_TIMEOUT = timedelta(minutes=10)
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+@dataclass
+class Replicas:
+    """The `Replicas` of common/distributed.py. One process: rank 0 of 1, and every method a
+    pass-through."""
+
+    rank: int = 0
+    count: int = 1
+    local_rank: int = 0
+    control_group: Any = None  # gloo, on the CPU: for the stop flags, which must not sync a GPU
+    _pending_stop: tuple | None = field(default=None, repr=False)
+
+    @property
+    def writer(self) -> bool:
+        return self.rank == 0
+
+    # --- what the training steps use --------------------------------------------------
+    def randn(self, rows: int, *shape, device) -> torch.Tensor:
+        """This replica's `rows` of standard normal noise drawn for the rows of every replica:
+        the same draws, from the same generator, as one process would make."""
+        return self.shard(torch.randn(rows * self.count, *shape, device=device))
+
+    def rand(self, rows: int, *shape, device) -> torch.Tensor:
+        """As randn, uniform on [0, 1)."""
+        return self.shard(torch.rand(rows * self.count, *shape, device=device))
+
+    def shard(self, rows: torch.Tensor, parts: int = 1) -> torch.Tensor:
+        return distributed.shard(rows, self.rank, self.count, parts)
+
+    def data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        """DDP around a network (its gradients averaged over the replicas at each backward);
+        in one process, the network itself."""
+        if self.count == 1:
+            return module
+        device_ids = [module_device(module).index] if module_device(module).type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, **_PER_REPLICA_BUFFERS)
+
+    # --- what the loop uses -----------------------------------------------------------
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean over the replicas (the logged losses): one all-reduce."""
+        if self.count == 1:
+            return values
+        with translate_failures():
+            dist.all_reduce(values)
+        return values / self.count
+
+    def stop_signal(self, signum: int) -> int:
+        """Agreed one step late, so that no step waits for it: each call starts an all-reduce
+        of this replica's signal and returns the one the call before started (finished by now)."""
+        if self.count == 1:
+            return signum
+        agreed = self._agreed_stop()
+        flag = torch.tensor([signum], dtype=torch.int64)
+        with translate_failures():
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control_group, async_op=True)
+        self._pending_stop = (work, flag)
+        return agreed
+
+    def _agreed_stop(self) -> int:
+        if self._pending_stop is None:
+            return 0
+        work, flag = self._pending_stop
+        self._pending_stop = None
+        with translate_failures():
+            work.wait()
+        return int(flag.item())
+
+    def wait_for_writer(self):
+        if self.count > 1:
+            self._agreed_stop()
+            with translate_failures():
+                dist.barrier(group=self.control_group)
+
+    def writer_first(self, action):
+        if self.count == 1:
+            return action()
+        outcome, result = [None], None
+        if self.writer:
+            try:
+                result = action()
+            except UserError as error:
+                outcome = [str(error)]
+                self._broadcast(outcome)
+                raise
+        self._broadcast(outcome)
+        if outcome[0] is not None:
+            raise distributed.ReplicaFailed(f"rank 0 stopped: {outcome[0]}", quiet=True)
+        return result
+
+    def _broadcast(self, message: list):
+        with translate_failures():
+            dist.broadcast_object_list(message, src=0, device=self._collective_device)
+
+    @property
+    def _collective_device(self) -> torch.device:
+        return torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+# torch 2.13 renamed broadcast_buffers to forward_sync_buffers (deprecated, with a warning);
+# older releases (CUDA machines run 2.11) know only the first.
+_PER_REPLICA_BUFFERS = ({"forward_sync_buffers": False}
+                        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                        else {"broadcast_buffers": False})
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+# How gloo and NCCL word a peer that went away, when they raise a bare RuntimeError.
+_TRANSPORT_FAILURES = ("gloo", "nccl", "connection", "closed by peer", "broken pipe", "timed out")
+
+
+@contextlib.contextmanager
+def translate_failures():
+    """A collective that fails because another replica is gone becomes one line; any other
+    error keeps its traceback."""
+    try:
+        yield
+    except (dist.DistError, RuntimeError) as error:
+        text = str(error).strip()
+        if not isinstance(error, dist.DistError) and not any(word in text.lower() for word in _TRANSPORT_FAILURES):
+            raise
+        first_line = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0]) if text else type(error).__name__
+        raise distributed.ReplicaFailed(
+            f"lost contact with another replica ({first_line[:80]}): it stopped or died, so this "
+            "one stops too; --resume continues from the last checkpoint") from None
+
+
+def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
+    """Join the other replicas when torchrun started this process; else a single replica."""
+    if not launched_by_torchrun():
+        if sync_bn:
+            raise UsageError("--sync-bn synchronises batch norm across replicas: launch with torchrun")
+        return Replicas()
+    if sync_bn and device_type != "cuda":
+        raise UsageError("--sync-bn needs CUDA GPUs (SyncBatchNorm refuses CPU tensors); "
+                         "on CPU each replica keeps its own batch-norm statistics")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    try:
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=REPLICA_TIMEOUT)
+    except (dist.DistError, RuntimeError, ValueError) as error:
+        raise UserError(f"could not join the other replicas ({str(error).strip().splitlines()[0]})") from None
+    atexit.register(_leave)
+    control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
+    return Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)
+
+
+def _leave():
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
 
 
 @dataclass
@@ -21,6 +207,21 @@ class Runtime:
     compute_dtype: torch.dtype | None   # autocast's dtype; None: autocast off (float32)
     scaler: torch.amp.GradScaler        # one per run; enabled for float16 only
     clip_grad_norm: float = 0.0         # 0: off
+    replicas: Replicas = field(default_factory=Replicas)  # torchrun's processes; one by default
+    sync_bn: bool = False
+
+    @property
+    def log(self):
+        """print on the replica that writes the run folder; the others keep quiet."""
+        return print if self.replicas.writer else _silent
+
+    def data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        """What a training step runs a placed network through: under torchrun, DDP, which
+        averages its gradients over the replicas at each backward pass (its batch norm
+        synchronised across GPUs under --sync-bn); in one process, the network itself."""
+        if self.sync_bn:
+            module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        return self.replicas.data_parallel(module)
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move a network to the device, convolution weights stored channels_last (NHWC): the
@@ -37,11 +238,15 @@ class Runtime:
 
 
 def setup(cfg: RunConfig, log=print) -> Runtime:
-    """Seed everything, pick the device and the precision, build the (one) GradScaler."""
+    """Join torchrun's other replicas (if any), seed everything (alike in every replica), pick
+    the device and the precision, build the (one) GradScaler."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but PyTorch sees no CUDA GPU; use --device cpu")
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    replicas = start_replicas("cuda" if use_cuda else "cpu", cfg.sync_bn)
+    device = torch.device("cuda", replicas.local_rank) if use_cuda else torch.device("cpu")
+    if not replicas.writer:
+        log = _silent
     precision = resolve_precision(cfg, device.type,
                                   bf16_supported=not use_cuda or torch.cuda.is_bf16_supported())
 
@@ -62,7 +267,13 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
     warn_if_bf16_emulated(precision, device.type, log)
+    across = f" | {replicas.count} replicas (DDP, {'NCCL' if use_cuda else 'gloo'})" if replicas.count > 1 else ""
     log(f"{cfg.model} | pytorch {torch.__version__} | {device} | "
-        f"{describe_precision(precision, device.type)}")
+        f"{describe_precision(precision, device.type)}{across}")
     return Runtime(device, precision, amp.COMPUTE_DTYPES[precision],
-                   amp.make_grad_scaler(cfg, device.type, precision), cfg.clip_grad_norm)
+                   amp.make_grad_scaler(cfg, device.type, precision), cfg.clip_grad_norm,
+                   replicas, cfg.sync_bn)
+
+
+def _silent(*args, **kwargs):
+    pass

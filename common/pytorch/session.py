@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common import evaluation, loop
+from common import distributed, evaluation, loop
 from common.config import RunConfig
 from common.pytorch import amp
 from common.pytorch import porting as torch_porting
@@ -19,7 +19,7 @@ from common.pytorch.checkpoint import Checkpoints
 from common.pytorch.data import DeviceData, HostLoader
 from common.pytorch.precision_report import precision_report
 from common.pytorch.profiling import Profiler
-from common.pytorch.runtime import Runtime
+from common.pytorch.runtime import Runtime, translate_failures
 from common.pytorch.tensorboard import Writer
 from common.runs import BatchOrder, RunFolder
 
@@ -44,16 +44,25 @@ class Session:
         self.precision = runtime.precision
         self.checkpoints = Checkpoints(trainer, runtime)
         self.profiler = Profiler(runtime.device)
+        self.replicas = runtime.replicas
+        self.batch_parts = getattr(trainer, "batch_parts", 1)
+
+    def _local(self, indices):
+        """This replica's examples of the global batch (all of them in one process)."""
+        return self.replicas.shard(indices, self.batch_parts)
 
     def start(self, order: BatchOrder, start_step: int, stop_step: int):
         if isinstance(self.data, HostLoader):
-            self.data.start(order, start_step, stop_step)
+            self.data.start(order, start_step, stop_step, self._local)
 
     def upload_indices(self, permutation: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(permutation.astype(np.int64)).to(self.runtime.device)
 
     def train_step(self, indices: torch.Tensor) -> dict:
-        return self.train_on(self.data.batch(indices))
+        if self.replicas.count == 1:
+            return self.train_on(self.data.batch(indices))
+        with translate_failures():  # DDP's all-reduce, inside backward, finds a replica gone
+            return self.train_on(self.data.batch(self._local(indices)))
 
     def train_on(self, batch: torch.Tensor) -> dict:
         """The model's training step on a batch, plus "skipped" under float16."""
@@ -64,8 +73,11 @@ class Session:
         return metrics
 
     def fetch(self, metrics: dict) -> dict:
-        values = torch.stack([v.detach().float() for v in metrics.values()]).tolist()  # one sync
-        return dict(zip(metrics, values))
+        values = self.replicas.mean(torch.stack([v.detach().float() for v in metrics.values()]))
+        return dict(zip(metrics, values.tolist()))  # one sync
+
+    def stop_signal(self, signum: int) -> int:
+        return self.replicas.stop_signal(signum)
 
     def loss_scale(self) -> float:
         return amp.loss_scale(self.runtime.scaler)
@@ -76,7 +88,7 @@ class Session:
 
     def precision_report(self, indices) -> list[tuple]:
         # lookup(): the batch without taking it from a host loader's queue
-        return precision_report(self.trainer, self.runtime, self.data.lookup(indices))
+        return precision_report(self.trainer, self.runtime, self.data.lookup(self._local(indices)))
 
     @contextlib.contextmanager
     def _inference(self):
@@ -110,20 +122,24 @@ class Session:
         return Writer(folder, purge_step)
 
 
-def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData, log=print) -> dict:
+def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) -> dict:
     """Open the run folder (with --init-from's weights, if given), compile the networks under
-    --compile, and hand the trainer to the shared loop."""
+    --compile, and hand the trainer to the shared loop. Under torchrun only rank 0 writes
+    and prints."""
     shape = data.dataset.sample_shape
+    replicas = runtime.replicas
+    distributed.check_batch(cfg.batch_size, replicas.count, getattr(trainer, "batch_parts", 1),
+                            quiet=not replicas.writer)
     run = loop.open_run(
-        cfg, runtime.precision, {"device": str(runtime.device),
+        cfg, runtime.precision, {"device": str(runtime.device), "replicas": replicas.count,
                                  "versions": {"torch": torch.__version__, "numpy": np.__version__}},
         trainer.modules, export_weights=lambda module: torch_porting.export_weights(module, shape),
         import_weights=lambda module, layers: torch_porting.import_weights(module, layers, shape),
-        sample_shape=shape, log=log)
+        sample_shape=shape, replicas=replicas, log=runtime.log)
     if cfg.compile:
         for module in trainer.modules.values():
             # In place (nn.Module.compile): state_dict keys, hence checkpoints and porting, stay
             # as they are. Static shapes: one graph per input shape (sampling and evaluation run
             # eagerly, see Session._inference).
             module.compile(dynamic=False)
-    return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=log)
+    return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=runtime.log)

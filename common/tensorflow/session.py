@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from common import evaluation, loop
 from common.config import RunConfig
+from common.distributed import OneProcess
 from common.runs import BatchOrder, RunFolder
 from common.tensorflow import amp
 from common.tensorflow import porting as keras_porting
@@ -46,6 +47,7 @@ class Session:
         self.precision = runtime.precision
         self.checkpoints = Checkpoints(trainer, runtime)
         self.profiler = Profiler()
+        self.replicas = OneProcess()
         self._step = tf.function(lambda indices: self.train_on(data.batch(indices)), jit_compile=jit_compile)
         self._step_on_batch = tf.function(self.train_on, jit_compile=jit_compile)
 
@@ -74,6 +76,9 @@ class Session:
     def fetch(self, metrics: dict) -> dict:
         values = tf.stack([tf.cast(v, tf.float32) for v in metrics.values()]).numpy()
         return dict(zip(metrics, values.tolist()))
+
+    def stop_signal(self, signum: int) -> int:
+        return self.replicas.stop_signal(signum)
 
     def loss_scale(self) -> float:
         return amp.loss_scale(self.trainer.optimizers.values())

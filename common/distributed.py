@@ -1,0 +1,76 @@
+"""Data-parallel training, the part both frameworks share: which rows of the global batch a
+replica trains on, and what the loop asks of the replicas (the Replicas of
+common/pytorch/runtime.py fulfil it; TensorFlow's runs are one process until tf.distribute
+lands). It imports no framework.
+
+--batch-size is the global batch. Each of N replicas trains on batch/N of its examples and
+on its rows of the noise drawn for the whole batch, from the same seeded generator in every
+replica, so N replicas see exactly what one process would. A model whose step splits its
+batch (WGAN-GP: 5 critic batches) names the parts, and each part is sharded on its own.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol, TypeVar
+
+from common.errors import UsageError, UserError
+
+T = TypeVar("T")
+
+
+def shard(rows, rank: int, count: int, parts: int = 1):
+    """Replica `rank`'s rows of a global batch (a numpy array or a torch tensor): of each of
+    the batch's `parts` consecutive parts, the rank-th of `count` equal slices."""
+    if count == 1:
+        return rows
+    return rows.reshape(parts, count, -1, *rows.shape[1:])[:, rank].reshape(-1, *rows.shape[1:])
+
+
+def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False) -> None:
+    """One UsageError line (printed by one replica, `quiet` on the others) for a global batch
+    that does not divide."""
+    if batch_size % (count * parts):
+        unit = count * parts
+        what = f"{count} replicas" + (f" x {parts} parts of each step's batch" if parts > 1 else "")
+        raise UsageError(f"--batch-size {batch_size} does not divide among {what}: use a multiple "
+                         f"of {unit} (the global batch; each replica trains on batch / {count})", quiet=quiet)
+
+
+class ReplicaFailed(UserError):
+    """Another replica stopped or died: this one ends too, with one line."""
+
+
+class Replicas(Protocol):
+    """The replicas of a run as the loop sees them; one process is a single replica."""
+
+    rank: int   # 0 writes the run folder
+    count: int
+
+    @property
+    def writer(self) -> bool:
+        """This replica writes the run folder (config, history, samples, checkpoints, TensorBoard)."""
+
+    def writer_first(self, action: Callable[[], T]) -> T | None:
+        """Run `action` on the writer while the others wait; a UserError it raises ends every
+        replica (the writer prints it; the others end quietly)."""
+
+    def stop_signal(self, signum: int) -> int:
+        """The signal any replica has received (0: none), the same answer on every replica."""
+
+    def wait_for_writer(self) -> None:
+        """Hold every replica here until the writer arrives, its files written (a replica
+        that exits early with an error status makes torchrun stop the others)."""
+
+
+class OneProcess:
+    """The `Replicas` of a run in one process (TensorFlow's, until tf.distribute lands)."""
+
+    rank, count, writer = 0, 1, True
+
+    def writer_first(self, action):
+        return action()
+
+    def stop_signal(self, signum: int) -> int:
+        return signum
+
+    def wait_for_writer(self) -> None:
+        pass

@@ -1,0 +1,279 @@
+"""Data-parallel training: torchrun/DDP with gloo on CPU, two replicas on 127.0.0.1.
+
+Two replicas at a global batch of 64 train as one process at batch 64 does (each takes its
+half of every batch and of the noise drawn for it), resume from each other's checkpoints,
+stop together on a Ctrl-C or a SIGTERM to one of them, and end with one line when one dies.
+"""
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common import distributed
+from common.errors import UsageError
+from common.loop import StopRequest
+from tests.conftest import REPO, run_script
+
+FAST = ["--data-limit", "512", "--log-every", "5", "--sample-every", "0", "--checkpoint-every", "0",
+        "--no-tensorboard", "--batch-size", "64"]
+SCRIPTS = {"vanilla_gan": "GAN/vanilla_gan/gan_pytorch.py", "lsgan": "GAN/least_squares_gan/lsgan_pytorch.py",
+           "vae": "VAE/vanilla_vae/vae_pytorch.py", "dcgan": "GAN/dcgan/dcgan_pytorch.py"}
+TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def replica_environment() -> dict:
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun_command(script: str, *flags: str, replicas: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(replicas),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, *flags]
+
+
+def torchrun(script: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_command(script, *flags), cwd=REPO, env=replica_environment(),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def checkpoint(run: Path, step: int) -> dict:
+    return torch.load(run / "checkpoints" / f"step_{step:06d}.pt", weights_only=True)
+
+
+def max_weight_difference(a: dict, b: dict) -> float:
+    return max((a[name][key].float() - b[name][key].float()).abs().max().item()
+               for name in a for key in a[name] if a[name][key].is_floating_point())
+
+
+# --- the sharding, without processes ----------------------------------------------------------
+
+def test_each_replica_gets_its_slice_of_every_part_of_the_batch():
+    rows = np.arange(20)
+    assert distributed.shard(rows, 0, 1).tolist() == list(range(20))
+    assert distributed.shard(rows, 1, 2).tolist() == list(range(10, 20))
+    # WGAN-GP: 2 parts (critic batches) of 10; each replica takes its half of each part
+    assert distributed.shard(rows, 0, 2, parts=2).tolist() == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]
+    assert distributed.shard(torch.arange(20).view(10, 2), 1, 2).tolist() == torch.arange(10, 20).view(5, 2).tolist()
+    together = np.concatenate([distributed.shard(rows, rank, 4) for rank in range(4)])
+    assert together.tolist() == rows.tolist()
+
+
+def test_a_batch_that_does_not_divide_is_refused():
+    distributed.check_batch(64, 2)
+    distributed.check_batch(320, 2, parts=5)
+    with pytest.raises(UsageError, match="multiple of 10"):
+        distributed.check_batch(325, 2, parts=5)
+    with pytest.raises(UsageError, match="multiple of 4"):
+        distributed.check_batch(66, 4)
+
+
+def test_a_relayed_signal_is_the_same_stop_request_and_a_later_one_quits(monkeypatch):
+    monkeypatch.setattr(StopRequest, "RELAY_WINDOW_S", 0.3)
+    with StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # torchrun passing on the terminal's Ctrl-C
+        assert stop.requested == signal.SIGINT
+        time.sleep(0.4)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+
+
+# --- flags --------------------------------------------------------------------------------
+
+def test_sync_bn_outside_torchrun_or_on_cpu_is_one_line(tmp_path):
+    outside = run_script(SCRIPTS["dcgan"], "--sync-bn", "--iters", "1", "--out", str(tmp_path / "a"))
+    on_cpu = run_script(SCRIPTS["dcgan"], "--sync-bn", "--iters", "1", "--out", str(tmp_path / "b"),
+                        env={**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    tensorflow = run_script("GAN/dcgan/dcgan_tensorflow.py", "--sync-bn", "--iters", "1")
+    for result, words in ((outside, "launch with torchrun"), (on_cpu, "needs CUDA"), (tensorflow, "tf.distribute")):
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# --- two replicas against one process -------------------------------------------------------
+
+@pytest.mark.parametrize("model,second_half", [("vanilla_gan", "two replicas"), ("lsgan", None),
+                                               ("vae", "one process")])
+def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, model, second_half):
+    """float32, 20 steps: equal to float32 summation rounding. With `second_half`, the two
+    replicas stop at step 10 and the last 10 steps resume from their checkpoint, under two
+    replicas again or in one process."""
+    script = SCRIPTS[model]
+    alone = run_script(script, "--iters", "20", "--out", str(tmp_path / "alone"), *FAST)
+    assert alone.returncode == 0, alone.stderr
+    together = tmp_path / "together"
+    first = torchrun(script, "--iters", "10" if second_half else "20", "--out", str(together), *FAST)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 replicas (DDP, gloo)" in first.stdout
+    if second_half == "two replicas":
+        second = torchrun(script, "--iters", "20", "--resume", "--out", str(together), *FAST)
+    elif second_half == "one process":
+        second = run_script(script, "--iters", "20", "--resume", "--out", str(together), *FAST)
+    if second_half:
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "resumed from" in second.stdout
+    difference = max_weight_difference(checkpoint(tmp_path / "alone", 20)["modules"],
+                                       checkpoint(together, 20)["modules"])
+    assert difference <= 1e-5
+    # rank 0 alone wrote the folder: one history row per log point, the losses averaged
+    history = [line for line in (together / "history.jsonl").read_text().splitlines() if line]
+    assert len(history) == 4
+    alone_losses = (tmp_path / "alone" / "history.jsonl").read_text().splitlines()
+    import json
+    for mine, theirs in zip(history, alone_losses):
+        mine, theirs = json.loads(mine), json.loads(theirs)
+        for key in theirs:
+            if key.endswith("loss") or key in ("recon", "kl"):
+                assert math.isclose(mine[key], theirs[key], rel_tol=1e-4), key
+
+
+@pytest.mark.parametrize("model", ["vanilla_gan", "vae"])
+def test_bfloat16_replicas_average_the_gradient_of_one_process(tmp_path, model):
+    """Under bfloat16 autocast each replica's weight gradient is rounded to bfloat16 before
+    the all-reduce (a sum over 32 examples rounds otherwise than one over 64), so the two
+    agree to bfloat16's precision, not float32's. After one step Adam's first moment is
+    (1 - beta1) x the gradient: the averaged gradient, compared tensor by tensor."""
+    script = SCRIPTS[model]
+    flags = ["--amp", "--amp-dtype", "bfloat16", "--iters", "1", *FAST]
+    alone = run_script(script, "--out", str(tmp_path / "alone"), *flags)
+    assert alone.returncode == 0, alone.stderr
+    together = torchrun(script, "--out", str(tmp_path / "together"), *flags)
+    assert together.returncode == 0, together.stderr[-3000:]
+    mine, theirs = checkpoint(tmp_path / "together", 1), checkpoint(tmp_path / "alone", 1)
+    compared = 0
+    for name, optimizer in theirs["optimizers"].items():
+        for index, state in optimizer["state"].items():
+            gradient, averaged = state["exp_avg"], mine["optimizers"][name]["state"][index]["exp_avg"]
+            assert (averaged - gradient).norm() <= 2e-2 * gradient.norm(), (name, index)
+            compared += 1
+    assert compared >= 4
+
+
+def test_dcgan_replicas_hold_identical_weights(tmp_path):
+    """DCGAN's batch norm keeps per-replica statistics on CPU, so it does not train as one
+    process would; but the gradients are averaged, so every replica holds the same weights."""
+    out = tmp_path / "dcgan"
+    result = torchrun("tests/replica_probe.py", SCRIPTS["dcgan"], "--iters", "5", "--width", "8",
+                      "--out", str(out), *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    parameters = {name: dict(network.named_parameters()) for name, network in
+                  _dcgan_networks().items()}
+    for name, weights in parameters.items():
+        for key in weights:
+            assert torch.equal(ranks[0][name][key], ranks[1][name][key]), (name, key)
+    moved = checkpoint(out, 5)["modules"]["generator"]
+    start = np.load(out / "initial_weights.npz")
+    assert len(start.files) > 0 and any(v.abs().sum() > 0 for v in moved.values() if v.is_floating_point())
+
+
+def _dcgan_networks():
+    from GAN.dcgan.dcgan_pytorch import build_networks
+    return build_networks((1, 28, 28), 8)
+
+
+def test_a_batch_that_does_not_divide_among_the_replicas_is_one_line(tmp_path):
+    result = torchrun("GAN/wgan_gp/wgan_gp_pytorch.py", "--dataset", "ring8", "--iters", "1",
+                      "--out", str(tmp_path / "w"), *FAST[:-2], "--batch-size", "325")
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert ours == ["error: --batch-size 325 does not divide among 2 replicas x 5 parts of each "
+                    "step's batch: use a multiple of 10 (the global batch; each replica trains on batch / 2)"]
+
+
+# --- stopping -------------------------------------------------------------------------------
+
+def start_replicas(script: str, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(torchrun_command(script, *flags), cwd=REPO, env=replica_environment(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_training(run: Path, process: subprocess.Popen, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if (run / "history.jsonl").exists() and (run / "history.jsonl").read_text().strip():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the replicas did not start training")
+
+
+def worker_pids(process: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of torchrun's workers."""
+    found = {}
+    for task in Path(f"/proc/{process.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            rank = [entry for entry in environment if entry.startswith(b"RANK=")]
+            if rank:
+                found[int(rank[0][5:])] = int(pid)
+    return found
+
+
+def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    return process.returncode, out, err, time.monotonic() - started
+
+
+LONG = ["--iters", "100000", "--data-limit", "512", "--log-every", "5", "--sample-every", "0",
+        "--checkpoint-every", "0", "--no-tensorboard"]
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm to rank 1"])
+def test_a_stop_request_stops_every_replica_with_one_checkpoint(tmp_path, how):
+    run = tmp_path / "run"
+    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    try:
+        wait_for_training(run, process)
+        if how == "ctrl-c":
+            os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches every process
+        else:
+            os.kill(worker_pids(process)[1], signal.SIGTERM)
+    finally:
+        code, out, err, _ = finish(process)
+    assert code != 0
+    assert "stopped at step" in out and "Traceback (most recent call last):\n  File \"" not in out
+    saved = sorted((run / "checkpoints").glob("step_*.pt"))
+    assert len(saved) == 1, err[-3000:]
+    step = int(saved[0].stem.split("_")[1])
+    assert 0 < step < 100000
+    # the run continues in one process from the replicas' checkpoint
+    resumed = run_script(SCRIPTS["vanilla_gan"], "--out", str(run), "--resume", *LONG[2:],
+                         "--iters", str(step + 5))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {saved[0]} at step {step}" in resumed.stdout
+
+
+def test_a_killed_replica_ends_the_others_with_one_line(tmp_path):
+    run = tmp_path / "run"
+    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    try:
+        wait_for_training(run, process)
+        os.kill(worker_pids(process)[1], signal.SIGKILL)
+    finally:
+        code, out, err, waited = finish(process)
+    assert code != 0 and waited < 30
+    ours = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(ours) <= 1
+    # rank 0 either learned of it at a collective (one line) or was stopped by torchrun first
+    assert ours == [] or "lost contact with another replica" in ours[0]
