@@ -13,6 +13,11 @@ One iteration (compiled once by tf.function in common/tensorflow/session.py):
        `scale_loss` returns the loss unchanged.
 The policy set before the networks were built (mixed_float16 / mixed_bfloat16) makes their
 layers compute in 16 bits; the output layers were built with dtype="float32".
+
+Under --distribute (common/tensorflow/runtime.py) the networks and optimizers are built in
+the strategy's scope, and every replica runs this step on its share of the global batch and
+of the noise drawn for it; `apply_gradients` sums the replicas' gradients, so each replica
+scales its loss by its share of the global mean (`replicas.share`).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class GAN:
         self.generator, self.discriminator = generator, discriminator
         self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
         self.z_dim, self.cfg, self.data = z_dim, cfg, data
+        self.replicas = runtime.replicas
         self.g_optimizer = make_optimizer(cfg, runtime)
         self.d_optimizer = make_optimizer(cfg, runtime)
         self.g_optimizer.build(generator.trainable_variables)  # checkpoints need the slots now
@@ -47,7 +53,7 @@ class GAN:
 
     def train_step(self, real):
         generator, discriminator = self.generator, self.discriminator
-        z = self.noise.normal((tf.shape(real)[0], self.z_dim))
+        z = self.replicas.normal(self.noise, tf.shape(real)[0], self.z_dim)  # noise.normal in one process
 
         with tf.GradientTape() as g_tape:
             fake = generator(z, training=True)
@@ -55,12 +61,12 @@ class GAN:
                 with tf.GradientTape() as d_tape:
                     d_loss = self.discriminator_loss(discriminator(real, training=True),
                                                      discriminator(fake, training=True))
-                    scaled_d_loss = self.d_optimizer.scale_loss(d_loss)
+                    scaled_d_loss = self.d_optimizer.scale_loss(self.replicas.share(d_loss))
                 d_variables = discriminator.trainable_variables
                 d_gradients = d_tape.gradient(scaled_d_loss, d_variables)
                 self.d_optimizer.apply_gradients(zip(d_gradients, d_variables))
             g_loss = self.generator_loss(discriminator(fake, training=True))
-            scaled_g_loss = self.g_optimizer.scale_loss(g_loss)
+            scaled_g_loss = self.g_optimizer.scale_loss(self.replicas.share(g_loss))
         g_variables = generator.trainable_variables
         g_gradients = g_tape.gradient(scaled_g_loss, g_variables)
         self.g_optimizer.apply_gradients(zip(g_gradients, g_variables))
@@ -92,10 +98,12 @@ class GAN:
 def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> dict:
     """A GAN script's main() after its flags: set up the device and precision (the global
     policy, before any layer is built), load the data in the range of the model's
-    hparams.PIXEL_RANGE, build G and D for it (`build_networks(data_shape, width)`), and train."""
+    hparams.PIXEL_RANGE, build G and D for it (`build_networks(data_shape, width)`) and their
+    optimizers in the strategy's scope, and train."""
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    networks = build_networks(data.sample_shape, cfg.width)
-    gan = GAN(networks["generator"], networks["discriminator"], discriminator_loss, generator_loss,
-              hparams.Z_DIM, cfg, runtime, data)
+    with runtime.strategy.scope():  # under --distribute: variables mirrored on every replica
+        networks = build_networks(data.sample_shape, cfg.width)
+        gan = GAN(networks["generator"], networks["discriminator"], discriminator_loss, generator_loss,
+                  hparams.Z_DIM, cfg, runtime, data)
     return fit(cfg, runtime, gan, data)

@@ -73,6 +73,8 @@ class RunConfig:
     width: int = 64
     tensorboard: bool = True
     sync_bn: bool = False
+    distribute: str | None = None   # TensorFlow: "mirrored" | "multi-worker"
+    replicas: int | None = None     # TensorFlow --distribute mirrored: how many devices
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -197,10 +199,18 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                           help="auto = CUDA when available, else CPU")
 
     parallel = parser.add_argument_group(
-        "data parallel", "PyTorch: launch with torchrun --nproc-per-node N; --batch-size is the global batch")
+        "data parallel", "PyTorch: launch with torchrun --nproc-per-node N; TensorFlow: --distribute; "
+                         "--batch-size is the global batch")
+    parallel.add_argument("--distribute", choices=("mirrored", "multi-worker"),
+                          help="TensorFlow: MirroredStrategy (the local GPUs, or --replicas N logical "
+                               "CPUs), or MultiWorkerMirroredStrategy (the cluster in TF_CONFIG)")
+    parallel.add_argument("--replicas", type=_positive_int,
+                          help="TensorFlow --distribute mirrored: N replicas (on a CPU, N logical "
+                               "devices; on GPUs, the first N; default: every GPU)")
     parallel.add_argument("--sync-bn", action="store_true",
                           help="synchronise batch-norm statistics across the replicas "
-                               "(PyTorch: SyncBatchNorm, CUDA only); default: each replica its own")
+                               "(PyTorch: SyncBatchNorm, CUDA only; TensorFlow: synchronized=True); "
+                               "default: each replica its own")
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASET_CHOICES, help="training data")
@@ -269,9 +279,17 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError("--xla is TensorFlow's compiler; PyTorch's is --compile")
     if cfg.compile and cfg.framework != "pytorch":
         raise UsageError("--compile is PyTorch's compiler (torch.compile); TensorFlow's is --xla")
-    if cfg.sync_bn and cfg.framework == "tensorflow":
-        raise UsageError("--sync-bn: TensorFlow's data-parallel training (tf.distribute) is not "
-                         "in this repository yet; PyTorch's is (torchrun)")
+    if cfg.framework == "pytorch" and (cfg.distribute or cfg.replicas):
+        raise UsageError(f"--{'distribute' if cfg.distribute else 'replicas'} is TensorFlow's; PyTorch "
+                         "runs data parallel under torchrun: torchrun --standalone --nproc-per-node N SCRIPT")
+    if cfg.replicas and cfg.distribute != "mirrored":
+        raise UsageError("--replicas N goes with --distribute mirrored (multi-worker: one replica per "
+                         "worker's device, the workers listed in TF_CONFIG)")
+    if cfg.sync_bn and cfg.framework == "tensorflow" and not cfg.distribute:
+        raise UsageError("--sync-bn synchronises batch norm across replicas: add --distribute")
+    if cfg.xla and cfg.distribute:
+        raise UsageError("--xla under --distribute is not supported (XLA-compiled steps under a "
+                         "tf.distribute strategy crash in Keras 3: keras#21366)")
     if cfg.growth_factor <= 1:
         raise UsageError(f"--growth-factor {cfg.growth_factor} must be above 1 (the scale grows)")
     if not 0 < cfg.backoff_factor < 1:

@@ -1,7 +1,7 @@
 """Data-parallel training, the part both frameworks share: which rows of the global batch a
 replica trains on, and what the loop asks of the replicas (the Replicas of
-common/pytorch/runtime.py fulfil it; TensorFlow's runs are one process until tf.distribute
-lands). It imports no framework.
+common/pytorch/runtime.py and common/tensorflow/runtime.py fulfil it). It imports no
+framework.
 
 --batch-size is the global batch. Each of N replicas trains on batch/N of its examples and
 on its rows of the noise drawn for the whole batch, from the same seeded generator in every
@@ -62,7 +62,7 @@ class Replicas(Protocol):
 
 
 class OneProcess:
-    """The `Replicas` of a run in one process (TensorFlow's, until tf.distribute lands)."""
+    """The `Replicas` of a run in one process (the loop's default, and the tests')."""
 
     rank, count, writer = 0, 1, True
 

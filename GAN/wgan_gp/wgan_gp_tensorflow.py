@@ -130,6 +130,8 @@ class WGANGP(GAN):
     (GAN/gan_step_tensorflow.py), with WGAN-GP's own training step. The critic is the GAN's
     discriminator, and each optimizer a LossScaleOptimizer under float16."""
 
+    batch_parts = hparams.CRITIC_STEPS  # under --distribute each critic batch is sharded on its own
+
     def __init__(self, generator: keras.Model, critic: keras.Model, cfg, runtime: Runtime, data):
         super().__init__(generator, critic, critic_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
         self.critic, self.critic_optimizer = self.discriminator, self.d_optimizer
@@ -141,14 +143,14 @@ class WGANGP(GAN):
         totals = tf.zeros(3)  # critic loss, penalty, Wasserstein estimate
         for real_part in tf.split(real, hparams.CRITIC_STEPS):  # unrolled by tf.function
             count = tf.shape(real_part)[0]
-            z = self.noise.normal((count, self.z_dim))
-            eps = self.noise.uniform((count, *eps_shape))
+            z = self.replicas.normal(self.noise, count, self.z_dim)  # noise.normal in one process
+            eps = self.replicas.uniform(self.noise, count, *eps_shape)
             fake = generator(z, training=True)  # outside the tape: no gradient through G
             with tf.GradientTape() as critic_tape:
                 real_scores, fake_scores = critic(real_part, training=True), critic(fake, training=True)
                 penalty = gradient_penalty(critic, real_part, fake, eps, self.critic_optimizer)
                 c_loss = critic_loss(real_scores, fake_scores, penalty)
-                scaled_c_loss = self.critic_optimizer.scale_loss(c_loss)
+                scaled_c_loss = self.critic_optimizer.scale_loss(self.replicas.share(c_loss))
             c_gradients = critic_tape.gradient(scaled_c_loss, c_variables)
             self.critic_optimizer.apply_gradients(zip(c_gradients, c_variables))  # unscales; skips on inf/NaN
             wasserstein = (tf.reduce_mean(tf.cast(real_scores, tf.float32))
@@ -156,10 +158,10 @@ class WGANGP(GAN):
             totals += tf.stack([c_loss, penalty, wasserstein])
 
         # G's update: a fresh noise batch of the critic-batch size, through the updated critic.
-        z = self.noise.normal((tf.shape(real)[0] // hparams.CRITIC_STEPS, self.z_dim))
+        z = self.replicas.normal(self.noise, tf.shape(real)[0] // hparams.CRITIC_STEPS, self.z_dim)
         with tf.GradientTape() as g_tape:
             g_loss = generator_loss(critic(generator(z, training=True), training=True))
-            scaled_g_loss = self.g_optimizer.scale_loss(g_loss)
+            scaled_g_loss = self.g_optimizer.scale_loss(self.replicas.share(g_loss))
         g_gradients = g_tape.gradient(scaled_g_loss, g_variables)
         self.g_optimizer.apply_gradients(zip(g_gradients, g_variables))
 
@@ -172,8 +174,9 @@ def main(argv=None):
     cfg = parse_args("wgan_gp", "tensorflow", argv)  # refuses a --batch-size not a multiple of 5
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    networks = build_networks(data.sample_shape, cfg.width)
-    wgan = WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
+    with runtime.strategy.scope():  # under --distribute: variables mirrored on every replica
+        networks = build_networks(data.sample_shape, cfg.width)
+        wgan = WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
     return fit(cfg, runtime, wgan, data)
 
 

@@ -95,6 +95,7 @@ class VAE:
     def __init__(self, encoder: keras.Model, decoder: keras.Model, cfg, runtime: Runtime):
         self.encoder, self.decoder = encoder, decoder
         self.cfg = cfg
+        self.replicas = runtime.replicas  # --distribute's; one by default
         self.z_dim = hparams.LATENT
         self.variables = encoder.trainable_variables + decoder.trainable_variables
         self.optimizer = make_optimizer(cfg, runtime)  # a LossScaleOptimizer under float16
@@ -107,10 +108,13 @@ class VAE:
     def train_step(self, x):
         with tf.GradientTape() as tape:
             mean, logvar = self.encoder(x, training=True)
-            z = reparameterize(mean, logvar, self.noise.normal(tf.shape(mean)))
+            eps = self.replicas.normal(self.noise, tf.shape(mean)[0], hparams.LATENT)  # noise.normal in one process
+            z = reparameterize(mean, logvar, eps)
             logits = self.decoder(z, training=True)
             loss, recon, kl = vae_loss(x, logits, mean, logvar)
-            scaled_loss = self.optimizer.scale_loss(loss)  # unchanged unless float16
+            # Under --distribute the optimizer sums the replicas' gradients: each counts its
+            # share of the global mean. scale_loss: unchanged unless float16.
+            scaled_loss = self.optimizer.scale_loss(self.replicas.share(loss))
         gradients = tape.gradient(scaled_loss, self.variables)
         self.optimizer.apply_gradients(zip(gradients, self.variables))  # unscales; skips on inf/NaN
         return {"loss": loss, "recon": recon, "kl": kl}
@@ -150,8 +154,9 @@ def main(argv=None):
     cfg = parse_args("vanilla_vae", "tensorflow", argv)
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    networks = build_networks(data.sample_shape, cfg.width)
-    vae = VAE(networks["encoder"], networks["decoder"], cfg, runtime)
+    with runtime.strategy.scope():  # under --distribute: variables mirrored on every replica
+        networks = build_networks(data.sample_shape, cfg.width)
+        vae = VAE(networks["encoder"], networks["decoder"], cfg, runtime)
     return fit(cfg, runtime, vae, data)
 
 

@@ -1,19 +1,42 @@
-"""What a TensorFlow run runs on: seeds, device and precision (the global dtype policy), set
-up once (common/pytorch/runtime.py is the twin)."""
+"""What a TensorFlow run runs on: seeds, device and precision (the global dtype policy), and
+the tf.distribute strategy whose replicas it trains on, set up once
+(common/pytorch/runtime.py is the twin).
+
+Data parallel:
+    python GAN/dcgan/dcgan_tensorflow.py --distribute mirrored              # every local GPU
+    python GAN/dcgan/dcgan_tensorflow.py --distribute mirrored --replicas 2 # 2 logical CPUs
+    TF_CONFIG='{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker",
+    "index": 0}}' python GAN/dcgan/dcgan_tensorflow.py --distribute multi-worker   # on each host
+
+MirroredStrategy runs one replica per local device in one process; MultiWorkerMirroredStrategy
+one process per machine (its devices each a replica), the cluster read from TF_CONFIG. The
+networks and optimizers are built inside `strategy.scope()`, which mirrors their variables on
+every replica; each replica runs the training step on its share of the batch, and the
+optimizers sum the replicas' gradients before they apply them, so each replica's loss is its
+share of the global mean (`Replicas.share`). AMP is unchanged: the LossScaleOptimizer checks
+the summed gradients, so every replica skips the same steps. Batch norm keeps per-replica
+statistics, or all-reduces them with --sync-bn (`BatchNormalization(synchronized=True)`).
+"""
 from __future__ import annotations
 
+import json
+import os
+import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
 
-from common import quiet
+from common import distributed, quiet
 from common.config import RunConfig, describe_precision, resolve_precision, warn_if_bf16_emulated
-from common.errors import UsageError
+from common.errors import UsageError, UserError
 from common.tensorflow import amp
 
 _GPUS = tf.config.list_physical_devices("GPU")
+
+# How long a worker waits for the others at a collective before it gives up with one line.
+REPLICA_TIMEOUT_S = 600
 
 
 def describe_tensorflow() -> str:
@@ -31,22 +54,210 @@ def describe_tensorflow() -> str:
 
 
 @dataclass
+class Replicas:
+    """The `Replicas` of common/distributed.py over a tf.distribute strategy. Without
+    --distribute: the default strategy, one replica, and every method a pass-through."""
+
+    strategy: tf.distribute.Strategy = field(default_factory=tf.distribute.get_strategy)
+    rank: int = 0      # this worker's index in TF_CONFIG (--distribute multi-worker); 0 writes
+    workers: int = 1   # processes
+
+    @property
+    def count(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def writer(self) -> bool:
+        return self.rank == 0
+
+    # --- what the training steps use (in a replica's context) -------------------------
+    def share(self, loss: tf.Tensor) -> tf.Tensor:
+        """This replica's share of the global batch's mean loss: the optimizers sum the
+        replicas' gradients, so a replica's mean over its rows counts 1 / replicas."""
+        return loss if self.count == 1 else loss / self.count
+
+    def normal(self, generator: tf.random.Generator, rows, *shape) -> tf.Tensor:
+        """This replica's `rows` of standard normal noise drawn for the rows of every replica:
+        the same draws, from the same generator, as one process would make."""
+        return self._draw_for_all(lambda count: generator.normal((rows * count, *shape)))
+
+    def uniform(self, generator: tf.random.Generator, rows, *shape) -> tf.Tensor:
+        """As normal, uniform on [0, 1)."""
+        return self._draw_for_all(lambda count: generator.uniform((rows * count, *shape)))
+
+    def _draw_for_all(self, draw) -> tf.Tensor:
+        if self.count == 1:
+            return draw(1)
+        # merge_call runs `draw` once, outside the replicas, and hands its result to each.
+        noise = tf.distribute.get_replica_context().merge_call(lambda strategy: draw(self.count))
+        return self.shard(noise)
+
+    def shard(self, rows: tf.Tensor, parts: int = 1) -> tf.Tensor:
+        """This replica's rows of a global batch (common/distributed.py's `shard`, in the graph)."""
+        if self.count == 1:
+            return rows
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        grouped = tf.reshape(rows, [parts, self.count, -1, *rows.shape[1:]])
+        return tf.reshape(tf.gather(grouped, replica, axis=1), [-1, *rows.shape[1:]])
+
+    # --- what the session and the loop use (outside the replicas) ---------------------
+    def run(self, replica_step, *args) -> dict[str, tf.Tensor]:
+        """`replica_step(*args)` on every replica; its metrics averaged over them."""
+        metrics = self.strategy.run(replica_step, args=args)
+        return {name: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+                for name, value in metrics.items()}
+
+    def local_copies(self, tensor: tf.Tensor):
+        """A copy of `tensor` on each replica's device (the resident training set): gathers
+        then read their own device's memory, not another GPU's."""
+        if self.count == 1:
+            return tensor
+        return self.strategy.experimental_distribute_values_from_function(lambda context: tf.identity(tensor))
+
+    def stop_signal(self, signum: int) -> int:
+        """One process (--distribute mirrored too) receives its own signals; workers agree on
+        the largest with one small all-reduce."""
+        if self.workers == 1:
+            return signum
+        return self._all_max(signum)
+
+    def wait_for_writer(self) -> None:
+        if self.workers > 1:
+            self._all_max(0)
+
+    def writer_first(self, action):
+        if self.workers == 1:
+            return action()
+        failed, result = 0, None
+        if self.writer:
+            try:
+                result = action()
+            except UserError:
+                self._all_max(1)
+                raise
+        if self._all_max(failed):
+            raise distributed.ReplicaFailed("worker 0 stopped (its error is in its output)", quiet=True)
+        return result
+
+    def _all_max(self, value: int) -> int:
+        """The largest of the workers' `value`s (a signal number, or 0/1)."""
+        with translate_failures():
+            return int(_all_max(self.strategy, tf.constant(value, tf.int32)))
+
+
+_LARGEST = 64  # signal numbers fit
+
+
+@tf.function
+def _all_max(strategy, value):
+    """tf.distribute reduces by SUM or MEAN only: sum the workers' one-hot vectors and take
+    the highest index any worker set."""
+    per_replica = strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.one_hot(v, _LARGEST + 1, dtype=tf.int32)), args=(value,))
+    counts = strategy.experimental_local_results(per_replica)[0]
+    return tf.reduce_max(tf.where(counts > 0, tf.range(_LARGEST + 1), 0))
+
+
+class translate_failures:
+    """A worker that went away surfaces as an UnavailableError, a DeadlineExceeded or a
+    cancelled collective in the others: end with one line instead of TensorFlow's report."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if kind is not None and issubclass(kind, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                                                  tf.errors.CancelledError, tf.errors.AbortedError)):
+            text = re.sub(r"\{\{[^}]*\}\}\s*", "", str(error)).strip()  # TensorFlow's {{function_node ...}} tag
+            first_line = text.splitlines()[0][:200] if text else kind.__name__
+            raise distributed.ReplicaFailed(f"lost contact with another worker ({first_line})") from None
+        return False
+
+
+def start_replicas(cfg: RunConfig, device_type: str) -> Replicas:
+    """The strategy --distribute names; before TensorFlow initialises its devices."""
+    if cfg.distribute is None:
+        return Replicas()
+    if cfg.distribute == "mirrored":
+        if device_type == "cpu":
+            if not cfg.replicas:
+                raise UsageError("--distribute mirrored on a CPU needs --replicas N (N logical CPU devices)")
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * cfg.replicas)
+            devices = [device.name for device in tf.config.list_logical_devices("CPU")]
+        else:
+            devices = [device.name for device in tf.config.list_logical_devices("GPU")][:cfg.replicas]
+        return Replicas(tf.distribute.MirroredStrategy(devices))
+    cluster = _read_tf_config()
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=REPLICA_TIMEOUT_S)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise UserError(f"could not join the other workers ({str(error).strip().splitlines()[0]})") from None
+    return Replicas(strategy, rank=cluster["task"]["index"], workers=len(cluster["cluster"]["worker"]))
+
+
+_CLUSTER_FORM = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}'
+
+
+def _read_tf_config() -> dict:
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+        raise UsageError(f"--distribute multi-worker reads the cluster from TF_CONFIG, which is not set: "
+                         f"{_CLUSTER_FORM}")
+    try:
+        cluster = json.loads(text)
+        workers, task = cluster["cluster"]["worker"], cluster["task"]
+        if task["type"] != "worker" or not 0 <= int(task["index"]) < len(workers):
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"TF_CONFIG is not a worker cluster: expected {_CLUSTER_FORM}") from None
+    return cluster
+
+
+def synchronize_batch_norm(model: keras.Model) -> None:
+    """--sync-bn: every BatchNormalization layer all-reduces its batch statistics over the
+    replicas (Keras' `synchronized=True`, set before the first step is traced)."""
+    for layer in model._flatten_layers():
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.synchronized = True
+
+
+@dataclass
 class Runtime:
     device_type: str   # "cpu" | "cuda"
     precision: str     # "fp32" | "amp-fp16" | "amp-bf16"
+    replicas: Replicas = field(default_factory=Replicas)  # --distribute's; one by default
+    sync_bn: bool = False
 
     @property
     def loss_scaling(self) -> bool:
         return self.precision == "amp-fp16"
 
+    @property
+    def strategy(self) -> tf.distribute.Strategy:
+        """Build the networks and optimizers inside `runtime.strategy.scope()`: under
+        --distribute their variables are mirrored on every replica."""
+        return self.replicas.strategy
+
+    @property
+    def log(self):
+        """print on the worker that writes the run folder; the others keep quiet."""
+        return print if self.replicas.writer else _silent
+
 
 def setup(cfg: RunConfig, log=print) -> Runtime:
-    """Seed everything, pick the device, set the global dtype policy."""
+    """Pick the device, start the replicas (--distribute), seed everything, set the global
+    dtype policy."""
     if cfg.device == "cuda" and not _GPUS:
         raise UsageError("--device cuda, but TensorFlow sees no GPU; use --device cpu")
     if cfg.device == "cpu" and _GPUS:
         tf.config.set_visible_devices([], "GPU")
     device_type = "cuda" if _GPUS and cfg.device != "cpu" else "cpu"
+    replicas = start_replicas(cfg, device_type)
+    if not replicas.writer:
+        log = _silent
     bf16_supported = True
     if device_type == "cuda":
         capability = tf.config.experimental.get_device_details(_GPUS[0]).get("compute_capability", (0, 0))
@@ -57,7 +268,13 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
     keras.mixed_precision.set_global_policy(amp.POLICIES[precision])  # before any layer is built
     warn_if_bf16_emulated(precision, device_type, log)
+    across = (f" | {replicas.count} replicas ({type(replicas.strategy).__name__}"
+              f"{f', {replicas.workers} workers' if replicas.workers > 1 else ''})" if cfg.distribute else "")
     log(f"{cfg.model} | {describe_tensorflow()} | "
         f"{device_type} | {describe_precision(precision, device_type)} | "
-        f"policy {amp.POLICIES[precision]}")
-    return Runtime(device_type, precision)
+        f"policy {amp.POLICIES[precision]}{across}")
+    return Runtime(device_type, precision, replicas, cfg.sync_bn)
+
+
+def _silent(*args, **kwargs):
+    pass

@@ -1,6 +1,9 @@
 """The TensorFlow session the shared loop drives (the `Session` contract of common/loop.py),
 and `fit`, the last call of every TensorFlow model's main(). common/pytorch/session.py is the
-twin."""
+twin.
+
+Under --distribute the compiled step runs the model's training step on every replica
+(`strategy.run`), each on its rows of the global batch, and averages the metrics over them."""
 from __future__ import annotations
 
 import resource
@@ -11,9 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from common import evaluation, loop
+from common import distributed, evaluation, loop
 from common.config import RunConfig
-from common.distributed import OneProcess
 from common.runs import BatchOrder, RunFolder
 from common.tensorflow import amp
 from common.tensorflow import porting as keras_porting
@@ -21,7 +23,7 @@ from common.tensorflow.checkpoint import Checkpoints
 from common.tensorflow.data import DeviceData, HostLoader
 from common.tensorflow.precision_report import precision_report
 from common.tensorflow.profiling import Profiler
-from common.tensorflow.runtime import Runtime
+from common.tensorflow.runtime import Runtime, synchronize_batch_norm, translate_failures
 from common.tensorflow.tensorboard import Writer
 
 
@@ -47,9 +49,27 @@ class Session:
         self.precision = runtime.precision
         self.checkpoints = Checkpoints(trainer, runtime)
         self.profiler = Profiler()
-        self.replicas = OneProcess()
-        self._step = tf.function(lambda indices: self.train_on(data.batch(indices)), jit_compile=jit_compile)
-        self._step_on_batch = tf.function(self.train_on, jit_compile=jit_compile)
+        self.replicas = runtime.replicas
+        self.batch_parts = getattr(trainer, "batch_parts", 1)  # WGAN-GP: its critic batches
+        if runtime.sync_bn:
+            for module in trainer.modules.values():
+                synchronize_batch_norm(module)
+        if not isinstance(data, HostLoader):  # the resident set, a copy on each replica's device
+            self._examples = self.replicas.local_copies(data.x)
+        self._step = self._compile(self._train_on_indices, jit_compile)
+        self._step_on_batch = self._compile(self._train_on_batch, jit_compile)
+
+    def _compile(self, replica_step, jit_compile):
+        if self.replicas.count == 1:
+            return tf.function(replica_step, jit_compile=jit_compile)
+        return tf.function(lambda *args: self.replicas.run(replica_step, *args), jit_compile=jit_compile)
+
+    def _train_on_indices(self, examples, indices):
+        rows = tf.gather(examples, self.replicas.shard(indices, self.batch_parts))
+        return self.train_on(self.data.to_model(rows))
+
+    def _train_on_batch(self, batch):
+        return self.train_on(self.replicas.shard(batch, self.batch_parts))
 
     def train_on(self, batch) -> dict:
         """The model's training step on a batch, plus "skipped" under float16 (what tf.function
@@ -69,9 +89,10 @@ class Session:
         return tf.constant(permutation)
 
     def train_step(self, indices) -> dict:
-        if isinstance(self.data, HostLoader):  # the next prefetched batch is the one `indices` names
-            return self._step_on_batch(next(self.data.iterator))
-        return self._step(indices)
+        with translate_failures():  # multi-worker: a worker that went away ends this one with a line
+            if isinstance(self.data, HostLoader):  # the next prefetched batch is the one `indices` names
+                return self._step_on_batch(next(self.data.iterator))
+            return self._step(self._examples, indices)
 
     def fetch(self, metrics: dict) -> dict:
         values = tf.stack([tf.cast(v, tf.float32) for v in metrics.values()]).numpy()
@@ -104,13 +125,17 @@ class Session:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData, log=print) -> dict:
+def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) -> dict:
     """Open the run folder (with --init-from's weights, if given) and hand the trainer to the
-    shared loop, which runs the step compiled by tf.function (with XLA under --xla)."""
+    shared loop, which runs the step compiled by tf.function (with XLA under --xla). Under
+    --distribute multi-worker only worker 0 writes and prints."""
+    replicas = runtime.replicas
+    distributed.check_batch(cfg.batch_size, replicas.count, getattr(trainer, "batch_parts", 1),
+                            quiet=not replicas.writer)
     run = loop.open_run(
-        cfg, runtime.precision, {"device": runtime.device_type,
+        cfg, runtime.precision, {"device": runtime.device_type, "replicas": replicas.count,
                                  "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
                                               "numpy": np.__version__}},
         trainer.modules, export_weights=keras_porting.export_weights, import_weights=keras_porting.import_weights,
-        sample_shape=data.dataset.sample_shape, log=log)
-    return loop.train(cfg, run, Session(trainer, data, runtime, jit_compile=cfg.xla), len(data), log=log)
+        sample_shape=data.dataset.sample_shape, replicas=replicas, log=runtime.log)
+    return loop.train(cfg, run, Session(trainer, data, runtime, jit_compile=cfg.xla), len(data), log=runtime.log)

@@ -1,0 +1,235 @@
+"""Data-parallel TensorFlow: --distribute mirrored on two logical CPU devices, and
+--distribute multi-worker with two processes on 127.0.0.1 (TF_CONFIG).
+
+Two replicas at a global batch of 64 train as one process at batch 64 does (each takes its
+half of every batch and of the noise drawn for it), resume from each other's checkpoints,
+and, across workers, stop together on a SIGTERM to one of them and end with one line when
+one dies.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, run_script
+
+FAST = ["--data-limit", "512", "--log-every", "5", "--sample-every", "0", "--checkpoint-every", "0",
+        "--no-tensorboard", "--batch-size", "64"]
+SCRIPTS = {"vanilla_gan": "GAN/vanilla_gan/gan_tensorflow.py", "lsgan": "GAN/least_squares_gan/lsgan_tensorflow.py",
+           "vae": "VAE/vanilla_vae/vae_tensorflow.py", "dcgan": "GAN/dcgan/dcgan_tensorflow.py",
+           "wgan_gp": "GAN/wgan_gp/wgan_gp_tensorflow.py"}
+MIRRORED = ["--distribute", "mirrored", "--replicas", "2"]
+TIMEOUT_S = 240
+
+
+def weights(run: Path, step: int, prefix: str = "module/") -> dict[str, np.ndarray]:
+    with np.load(run / "checkpoints" / f"step_{step:06d}.npz", allow_pickle=False) as stored:
+        return {key: stored[key] for key in stored.files if key.startswith(prefix)}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float(np.max(np.abs(a[key].astype(np.float64) - b[key]))) for key in a if a[key].size)
+
+
+def train(script: str, out: Path, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    result = run_script(script, "--out", str(out), *flags, timeout=TIMEOUT_S, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+# --- mirrored: two logical CPU devices in one process ----------------------------------------
+
+@pytest.mark.parametrize("model,second_half", [("vanilla_gan", "one process"), ("lsgan", None),
+                                               ("vae", "two replicas")])
+def test_two_mirrored_replicas_end_with_the_weights_of_one_process(tmp_path, model, second_half):
+    """float32, 20 steps: equal to float32 summation rounding. With `second_half`, the
+    replicas stop at step 10 and the last 10 steps resume from their checkpoint."""
+    script = SCRIPTS[model]
+    train(script, tmp_path / "alone", "--iters", "20", "--checkpoint-every", "10", *FAST)
+    together = tmp_path / "together"
+    first = train(script, together, "--iters", "10" if second_half else "20", *FAST, *MIRRORED)
+    assert "2 replicas (MirroredStrategy)" in first.stdout
+    if second_half:
+        again = MIRRORED if second_half == "two replicas" else []
+        second = train(script, together, "--iters", "20", "--resume", *FAST, *again)
+        assert "resumed from" in second.stdout
+    assert max_difference(weights(tmp_path / "alone", 20), weights(together, 20)) <= 1e-5
+    assert json.loads((together / "config.json").read_text())["replicas"] == (1 if second_half == "one process" else 2)
+    # the logged losses are the replicas' average: the one-process run's
+    alone = [json.loads(line) for line in (tmp_path / "alone" / "history.jsonl").read_text().splitlines()]
+    mine = [json.loads(line) for line in (together / "history.jsonl").read_text().splitlines()]
+    assert len(mine) == len(alone) == 4
+    for ours, theirs in zip(mine, alone):
+        for key in theirs:
+            if key.endswith("loss") or key in ("recon", "kl"):
+                assert ours[key] == pytest.approx(theirs[key], rel=1e-4), key
+
+
+def test_wgan_gp_shards_each_critic_batch(tmp_path):
+    """WGAN-GP splits its batch in 5 critic batches: each is sharded on its own, with its
+    noise, so 2 replicas still train as one process."""
+    flags = ["--dataset", "ring8", "--iters", "10", *FAST[:-2], "--batch-size", "320", "--checkpoint-every", "10"]
+    train(SCRIPTS["wgan_gp"], tmp_path / "alone", *flags)
+    train(SCRIPTS["wgan_gp"], tmp_path / "together", *flags, *MIRRORED)
+    assert max_difference(weights(tmp_path / "alone", 10), weights(tmp_path / "together", 10)) <= 1e-5
+
+
+def test_bfloat16_mirrored_replicas_average_the_gradient_of_one_process(tmp_path):
+    """Under mixed_bfloat16 each replica's weight gradient is rounded to bfloat16 before the
+    all-reduce, so the replicas agree with one process to bfloat16's precision. After one
+    step Adam's first moment is (1 - beta1) x the gradient: compared tensor by tensor."""
+    flags = ["--amp", "--amp-dtype", "bfloat16", "--iters", "1", *FAST, "--checkpoint-every", "1"]
+    train(SCRIPTS["vae"], tmp_path / "alone", *flags)
+    train(SCRIPTS["vae"], tmp_path / "together", *flags, *MIRRORED)
+    alone, together = weights(tmp_path / "alone", 1, "optimizer/"), weights(tmp_path / "together", 1, "optimizer/")
+    # Keras' Adam holds its iterations and learning rate, then a (first, second) moment per weight
+    first_moments = [key for key in alone if alone[key].ndim >= 1 and int(key.rsplit("/", 1)[1]) % 2 == 0]
+    compared = 0
+    for key in first_moments:
+        gradient, averaged = alone[key].astype(np.float64), together[key]
+        assert np.linalg.norm(averaged - gradient) <= 2e-2 * np.linalg.norm(gradient), key
+        compared += 1
+    assert compared >= 4
+
+
+def test_sync_bn_makes_the_discriminator_train_on_the_global_batch_statistics(tmp_path):
+    """DCGAN's D has batch norm: with --sync-bn its statistics are the global batch's, so
+    after one step D's weights are one process's; without, each replica normalises its own
+    half and they are not."""
+    flags = ["--width", "8", "--iters", "1", *FAST, "--checkpoint-every", "1"]
+    train(SCRIPTS["dcgan"], tmp_path / "alone", *flags)
+    train(SCRIPTS["dcgan"], tmp_path / "synced", *flags, *MIRRORED, "--sync-bn")
+    train(SCRIPTS["dcgan"], tmp_path / "per_replica", *flags, *MIRRORED)
+    alone = weights(tmp_path / "alone", 1, "module/discriminator/")
+    assert max_difference(alone, weights(tmp_path / "synced", 1, "module/discriminator/")) <= 1e-5
+    assert max_difference(alone, weights(tmp_path / "per_replica", 1, "module/discriminator/")) > 1e-5
+
+
+# --- flags ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("script,flags,env,words", [
+    ("GAN/vanilla_gan/gan_pytorch.py", ["--distribute", "mirrored"], {}, "torchrun --standalone"),
+    (SCRIPTS["vanilla_gan"], ["--replicas", "2"], {}, "--replicas N goes with --distribute mirrored"),
+    (SCRIPTS["vanilla_gan"], ["--distribute", "mirrored"], {}, "needs --replicas N"),
+    (SCRIPTS["dcgan"], ["--sync-bn"], {}, "add --distribute"),
+    (SCRIPTS["vanilla_gan"], ["--distribute", "mirrored", "--replicas", "2", "--xla"], {}, "keras#21366"),
+    (SCRIPTS["vanilla_gan"], ["--distribute", "multi-worker"], {"TF_CONFIG": ""}, "TF_CONFIG, which is not set"),
+    (SCRIPTS["vanilla_gan"], ["--distribute", "multi-worker"], {"TF_CONFIG": "{not json"}, "not a worker cluster"),
+    (SCRIPTS["vanilla_gan"], ["--distribute", "mirrored", "--replicas", "3"], {}, "does not divide among 3 replicas"),
+])
+def test_data_parallel_flag_errors_are_one_line(tmp_path, script, flags, env, words):
+    result = run_script(script, *flags, "--iters", "1", "--out", str(tmp_path / "run"), *FAST,
+                        env={**os.environ, **env})
+    assert result.returncode == 2, result.stderr[-2000:]
+    ours = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(ours) == 1 and words in ours[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+# --- multi-worker: two processes on 127.0.0.1 -------------------------------------------------
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for probe in sockets:
+        probe.bind(("127.0.0.1", 0))
+    ports = [probe.getsockname()[1] for probe in sockets]
+    for probe in sockets:
+        probe.close()
+    return ports
+
+
+def start_workers(script: str, *flags: str) -> list[subprocess.Popen]:
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    processes = []
+    for index in range(2):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        processes.append(subprocess.Popen(
+            [sys.executable, str(REPO / script), "--distribute", "multi-worker", *flags], cwd=REPO,
+            env={**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+    return processes
+
+
+def finish(processes: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[tuple[int, str, str, float]]:
+    started, results = time.monotonic(), []
+    for process in processes:
+        try:
+            out, err = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            out, err = "", "timed out"
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+        results.append((process.returncode, out, err, time.monotonic() - started))
+    return results
+
+
+def wait_for_training(run: Path, processes: list[subprocess.Popen], timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and all(p.poll() is None for p in processes):
+        history = run / "history.jsonl"
+        if history.exists() and history.read_text().strip():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the workers did not start training")
+
+
+def test_two_workers_train_as_one_process_and_write_one_run_folder(tmp_path):
+    script = SCRIPTS["vanilla_gan"]
+    train(script, tmp_path / "alone", "--iters", "20", "--checkpoint-every", "20", *FAST)
+    run = tmp_path / "workers"
+    results = finish(start_workers(script, "--out", str(run), "--iters", "20", "--checkpoint-every", "20", *FAST))
+    (code0, out0, err0, _), (code1, out1, err1, _) = results
+    assert code0 == 0 and code1 == 0, (err0[-2000:], err1[-2000:])
+    assert "2 replicas (CollectiveAllReduceStrategy, 2 workers)" in out0
+    assert out1.strip() == ""  # worker 1 trains silently; worker 0 writes and prints
+    assert max_difference(weights(tmp_path / "alone", 20), weights(run, 20)) <= 1e-5
+    assert len((run / "history.jsonl").read_text().splitlines()) == 4
+    assert json.loads((run / "summary.json").read_text())["replicas"] == 2
+
+
+LONG = ["--iters", "100000", "--data-limit", "512", "--log-every", "5", "--sample-every", "0",
+        "--checkpoint-every", "0", "--no-tensorboard"]
+
+
+def test_a_sigterm_to_one_worker_stops_both_with_one_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    processes = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    try:
+        wait_for_training(run, processes)
+        processes[1].send_signal(signal.SIGTERM)
+    finally:
+        results = finish(processes, timeout=60)
+    assert [code for code, *_ in results] == [128 + signal.SIGTERM] * 2, [err[-2000:] for _, _, err, _ in results]
+    assert "stopped at step" in results[0][1]
+    saved = sorted((run / "checkpoints").glob("step_*.npz"))
+    assert len(saved) == 1
+    step = int(saved[0].stem.split("_")[1])
+    resumed = train(SCRIPTS["vanilla_gan"], run, "--resume", *LONG[2:], "--iters", str(step + 5))
+    assert f"resumed from {saved[0]} at step {step}" in resumed.stdout
+
+
+def test_a_killed_worker_ends_the_other_with_one_line(tmp_path):
+    run = tmp_path / "run"
+    processes = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    try:
+        wait_for_training(run, processes)
+        processes[1].kill()
+        started = time.monotonic()
+        code, _, err, _ = finish(processes[:1], timeout=60)[0]
+        waited = time.monotonic() - started
+    finally:
+        finish(processes)
+    assert code == 1 and waited < 30, err[-2000:]
+    ours = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(ours) == 1 and "lost contact with another worker" in ours[0], err[-2000:]
+    assert "Traceback" not in err
