@@ -132,8 +132,8 @@ def main(argv=None) -> int:
     if args.repeat < 1 or args.workers < 0 or args.replicas < 0 or args.replicas == 1:
         raise UsageError("--repeat must be at least 1, --workers at least 0 and --replicas at least 2")
     if args.replicas and "tensorflow" in args.frameworks:
-        raise UsageError("--replicas: TensorFlow's data-parallel training (tf.distribute) is not in "
-                         "this repository yet; add --frameworks pytorch")
+        raise UsageError("--replicas measures torchrun's replicas; TensorFlow's (--distribute) has no "
+                         "benchmark rows yet: add --frameworks pytorch")
     if args.iters < 2 * args.log_every or args.log_every < 1:
         raise UsageError("--iters must cover at least two --log-every intervals "
                          "(the first is warm-up and not counted)")

@@ -128,14 +128,14 @@ class Replicas:
     def writer_first(self, action):
         if self.workers == 1:
             return action()
-        failed, result = 0, None
+        result = None
         if self.writer:
             try:
                 result = action()
             except UserError:
-                self._all_max(1)
+                self._all_max(1)  # tell the others, then say it
                 raise
-        if self._all_max(failed):
+        if self._all_max(0):
             raise distributed.ReplicaFailed("worker 0 stopped (its error is in its output)", quiet=True)
         return result
 
