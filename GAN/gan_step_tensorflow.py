@@ -27,7 +27,7 @@ import tensorflow as tf
 from common import sampling
 from common.tensorflow.data import load_data
 from common.tensorflow.optimizers import make_optimizer
-from common.tensorflow.runtime import Runtime, setup
+from common.tensorflow.runtime import Noise, Runtime, setup
 from common.tensorflow.session import fit
 
 SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
@@ -45,7 +45,7 @@ class GAN:
         self.d_optimizer = make_optimizer(cfg, runtime)
         self.g_optimizer.build(generator.trainable_variables)  # checkpoints need the slots now
         self.d_optimizer.build(discriminator.trainable_variables)
-        self.noise = tf.random.Generator.from_seed(cfg.seed)
+        self.noise = Noise(cfg.seed)
         self.modules = {"generator": generator, "discriminator": discriminator}
         self.optimizers = {"generator": self.g_optimizer, "discriminator": self.d_optimizer}
         self.title = f"{cfg.model} tensorflow {runtime.precision}"

@@ -170,6 +170,18 @@ def test_a_corrupt_checkpoint_is_one_clear_error(framework, tmp_path, capsys):
     expect_exit(1, "is unreadable", capsys, framework, out, "--iters", "4", "--resume")
 
 
+def test_a_tensorflow_checkpoint_of_an_earlier_format_is_one_clear_error(tmp_path, capsys):
+    """Format 1 saved a tf.random.Generator's state, which the noise's draw counter cannot take."""
+    out = tmp_path / "run"
+    train("tensorflow", out, "--iters", "2")
+    path = out / "checkpoints" / "step_000002.npz"
+    with np.load(path, allow_pickle=False) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    np.savez(path, **{**arrays, "format": np.array(1)})
+    expect_exit(1, "written in format 1, and this version reads format 2", capsys, "tensorflow", out,
+                "--iters", "4", "--resume")
+
+
 def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
     from scripts import summarize_runs
 

@@ -301,11 +301,13 @@ def test_one_skipped_critic_update_among_five_counts_the_iteration_as_skipped_in
         def third_update_poisoned(real_scores, fake_scores, penalty):
             calls.append(1)
             loss = clean_loss(real_scores, fake_scores, penalty)
-            return loss + np.inf if len(calls) == 3 else loss
+            return loss * np.inf if len(calls) == 3 else loss  # its gradients are inf and NaN
 
         monkeypatch.setattr(wgan_gp_tensorflow, "critic_loss", third_update_poisoned)
         wgan = wgan_gp_tensorflow.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
         session = Session(wgan, data, runtime)
+        for optimizer in (wgan.d_optimizer, wgan.g_optimizer):  # low enough that only the poison overflows
+            optimizer.dynamic_scale.assign(2.0 ** 8)
         scale_before = float(wgan.d_optimizer.dynamic_scale)
         skipped = float(session.train_on(data.batch(tf.range(20)))["skipped"])  # eager: one call, five updates
         assert len(calls) == hparams.CRITIC_STEPS

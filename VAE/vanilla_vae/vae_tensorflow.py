@@ -37,7 +37,7 @@ from common.errors import exit_on_user_error
 from common.tensorflow.data import load_data
 from common.tensorflow.layers import DENSE_INIT
 from common.tensorflow.optimizers import make_optimizer
-from common.tensorflow.runtime import Runtime, setup
+from common.tensorflow.runtime import Noise, Runtime, setup
 from common.tensorflow.session import fit
 from VAE.vanilla_vae import hparams
 
@@ -100,7 +100,7 @@ class VAE:
         self.variables = encoder.trainable_variables + decoder.trainable_variables
         self.optimizer = make_optimizer(cfg, runtime)  # a LossScaleOptimizer under float16
         self.optimizer.build(self.variables)  # checkpoints need the slots now
-        self.noise = tf.random.Generator.from_seed(cfg.seed)  # eps; saved in checkpoints
+        self.noise = Noise(cfg.seed)  # eps; saved in checkpoints
         self.modules = {"encoder": encoder, "decoder": decoder}
         self.optimizers = {"vae": self.optimizer}
         self._fixed_noise = self._test_images = None

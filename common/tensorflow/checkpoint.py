@@ -1,5 +1,5 @@
 """Checkpoints of a TensorFlow run: every variable of the networks and optimizers (loss scale
-included) and the noise generator's state, in one .npz written atomically, read back without
+included) and the noise's draw counter, in one .npz written atomically, read back without
 pickles, in the order the models create them."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from common.errors import CheckpointError
 from common.runs import atomic_write
 
 SUFFIX = "npz"
-FORMAT = 1
+FORMAT = 2  # 1: the noise was a tf.random.Generator, whose state does not fit the counter
 
 
 def _variables(trainer) -> dict[str, list]:
@@ -48,8 +48,11 @@ class Checkpoints:
         except Exception as error:  # zip/format errors have many types; all mean "unreadable"
             raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}); "
                                   "delete it to resume from the one before") from None
-        if arrays.get("format") is None or int(arrays["format"]) != FORMAT:
+        if arrays.get("format") is None:
             raise CheckpointError(f"{path} is not a checkpoint of this repository")
+        if int(arrays["format"]) != FORMAT:
+            raise CheckpointError(f"checkpoint {path} was written in format {int(arrays['format'])}, and this "
+                                  f"version reads format {FORMAT}: start the run afresh")
         for group, variables in _variables(self.trainer).items():
             saved = sorted(k for k in arrays if k.startswith(group + "/"))
             if len(saved) != len(variables):

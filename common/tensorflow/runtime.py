@@ -53,6 +53,34 @@ def describe_tensorflow() -> str:
             f"{quiet.describe_log_level()}")
 
 
+class Noise:
+    """A run's training noise, counter-based: the run's k-th draw is Philox's
+    `stateless_normal(seed=(seed, k))`, and its only state is k, a variable the checkpoints
+    save. Build it in the strategy's scope, with the networks: every replica then holds k.
+
+    Why not a seeded tf.random.Generator: under MirroredStrategy with synchronized batch
+    norm, DCGAN's G drifted from one process's weights (4e-4 after one step, 1e-3 after 20)
+    with it, and matches to 2e-7 with these counted seeds; the cause inside TensorFlow was not
+    found."""
+
+    def __init__(self, seed: int):
+        self.seed = tf.constant(seed, tf.int64)
+        self.draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="noise_draws")
+
+    @property
+    def state(self) -> tf.Variable:
+        return self.draws
+
+    def normal(self, shape) -> tf.Tensor:
+        return tf.random.stateless_normal(shape, seed=self._next_seed(), alg="philox")
+
+    def uniform(self, shape) -> tf.Tensor:
+        return tf.random.stateless_uniform(shape, seed=self._next_seed(), alg="philox")
+
+    def _next_seed(self) -> tf.Tensor:
+        return tf.stack([self.seed, self.draws.assign_add(1)])
+
+
 @dataclass
 class Replicas:
     """The `Replicas` of common/distributed.py over a tf.distribute strategy. Without
@@ -76,14 +104,14 @@ class Replicas:
         replicas' gradients, so a replica's mean over its rows counts 1 / replicas."""
         return loss if self.count == 1 else loss / self.count
 
-    def normal(self, generator: tf.random.Generator, rows, *shape) -> tf.Tensor:
+    def normal(self, noise: Noise, rows, *shape) -> tf.Tensor:
         """This replica's `rows` of standard normal noise drawn for the rows of every replica:
-        the same draws, from the same generator, as one process would make."""
-        return self._draw_for_all(lambda count: generator.normal((rows * count, *shape)))
+        the same draws as one process would make."""
+        return self._draw_for_all(lambda count: noise.normal((rows * count, *shape)))
 
-    def uniform(self, generator: tf.random.Generator, rows, *shape) -> tf.Tensor:
+    def uniform(self, noise: Noise, rows, *shape) -> tf.Tensor:
         """As normal, uniform on [0, 1)."""
-        return self._draw_for_all(lambda count: generator.uniform((rows * count, *shape)))
+        return self._draw_for_all(lambda count: noise.uniform((rows * count, *shape)))
 
     def _draw_for_all(self, draw) -> tf.Tensor:
         if self.count == 1:

@@ -23,19 +23,19 @@ from common.tensorflow.checkpoint import Checkpoints
 from common.tensorflow.data import DeviceData, HostLoader
 from common.tensorflow.precision_report import precision_report
 from common.tensorflow.profiling import Profiler
-from common.tensorflow.runtime import Runtime, synchronize_batch_norm, translate_failures
+from common.tensorflow.runtime import Noise, Runtime, synchronize_batch_norm, translate_failures
 from common.tensorflow.tensorboard import Writer
 
 
 class Trainer(Protocol):
     """What a model hands to the session: its networks and optimizers (checkpointed by name),
-    the generator of its training noise (checkpointed too), its training step (compiled here
+    its training noise (whose draw counter is checkpointed too), its training step (compiled here
     with tf.function), and its sample grids. Generators also have `sample(z)`, the VAE
     `encode(x)` and `decode_logits(z)`, for common/evaluation.py."""
 
     modules: dict[str, keras.Model]
     optimizers: dict[str, keras.optimizers.Optimizer]
-    noise: tf.random.Generator
+    noise: Noise
     z_dim: int
 
     def train_step(self, batch: tf.Tensor) -> dict[str, tf.Tensor]: ...
