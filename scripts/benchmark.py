@@ -8,7 +8,7 @@ peak memory for every model x framework x precision, each configuration in a fre
     python scripts/benchmark.py --models vanilla_gan --repeat 3   # median of 3 runs, with the range
     python scripts/benchmark.py --workers 2                       # also rows with the host loader
     python scripts/benchmark.py --preset paper-dcgan              # DCGAN at the paper's size (below)
-    python scripts/benchmark.py --frameworks pytorch --replicas 2  # also 2 data-parallel replicas
+    python scripts/benchmark.py --models vanilla_gan --replicas 2  # also 2 data-parallel replicas
 
 The paper-dcgan preset is the DCGAN of Radford et al. and of the PyTorch DCGAN example:
 64x64 images (MNIST resized), width 64 (ngf = ndf = 64), batch 64, 40 steps; flags given
@@ -22,10 +22,13 @@ memory is the CUDA allocator's peak on a GPU and the process's peak resident set
 process on the machine slows PyTorch's CPU threads sharply, so take figures on a quiet one.
 The CPU is recorded too (model, cores, AVX512-BF16 and AMX present or not): what bfloat16
 costs depends on it more than on anything else.
---replicas N adds, for each configuration, a row of N data-parallel replicas (torchrun, DDP)
-at the same global batch; "scaling" is its throughput over N times the one-replica row's.
-On a CPU every process then runs one thread, the one-replica row too, so the figure is the
-cost of the all-reduces on this machine; on GPUs it is the scaling efficiency.
+--replicas N adds, for each configuration, a row of N data-parallel replicas at the same
+global batch (PyTorch: torchrun, DDP, N processes; TensorFlow: --distribute mirrored
+--replicas N, one process: N GPUs, or N logical CPU devices); "scaling" is its throughput
+over N times the one-replica row's. On a CPU every PyTorch process then runs one thread and
+every TensorFlow op one thread, in the one-replica rows too, so the figure is the cost of the
+all-reduces on this machine; on GPUs it is the scaling efficiency. XLA is not measured
+under --distribute (the scripts refuse it).
 Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
@@ -59,16 +62,18 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     folder = args.out / model / (f"{framework}-{precision}{'-compiled' if compiled else ''}"
                                  f"{f'-workers{workers}' if workers else ''}"
                                  f"{f'-replicas{replicas}' if args.replicas else ''}")
-    launcher = [sys.executable]
-    if replicas > 1:
+    launcher, distribute = [sys.executable], []
+    if replicas > 1 and framework == "pytorch":
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(replicas)]
+    elif replicas > 1:
+        distribute = ["--distribute", "mirrored", "--replicas", str(replicas)]
     environment = dict(os.environ)
     if args.replicas:  # one thread per process in both rows (torchrun's default for its workers)
-        environment["OMP_NUM_THREADS"] = "1"
+        environment.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1")
     command = [*launcher, str(models.MODELS[model].script(framework)), "--out", str(folder), "--overwrite",
                "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
                "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
-               "--workers", str(workers), *args.flags]
+               "--workers", str(workers), *distribute, *args.flags]
     load = os.getloadavg()[0]
     name = (f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}{f' {loader}' if workers else ''}"
             f"{f' x{replicas}' if replicas > 1 else ''}")
@@ -118,7 +123,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=0,
                         help="also measure every configuration with the host loader of N workers")
     parser.add_argument("--replicas", type=int, default=0,
-                        help="also measure every configuration with N data-parallel replicas (PyTorch: torchrun)")
+                        help="also measure every configuration with N data-parallel replicas "
+                             "(torchrun; TensorFlow: --distribute mirrored)")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
     parser.add_argument("--preset", choices=tuple(PRESETS),
@@ -131,9 +137,6 @@ def main(argv=None) -> int:
     args.models = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
     if args.repeat < 1 or args.workers < 0 or args.replicas < 0 or args.replicas == 1:
         raise UsageError("--repeat must be at least 1, --workers at least 0 and --replicas at least 2")
-    if args.replicas and "tensorflow" in args.frameworks:
-        raise UsageError("--replicas measures torchrun's replicas; TensorFlow's (--distribute) has no "
-                         "benchmark rows yet: add --frameworks pytorch")
     if args.iters < 2 * args.log_every or args.log_every < 1:
         raise UsageError("--iters must cover at least two --log-every intervals "
                          "(the first is warm-up and not counted)")
@@ -142,7 +145,8 @@ def main(argv=None) -> int:
                       for precision in args.precisions
                       for compiled in ((False, True) if args.compiled else (False,))
                       for workers in ((0, args.workers) if args.workers else (0,))
-                      for replicas in ((1, args.replicas) if args.replicas else (1,))]
+                      for replicas in ((1, args.replicas) if args.replicas else (1,))
+                      if not (framework == "tensorflow" and compiled and replicas > 1)]
     runs = {configuration: [] for configuration in configurations}
     for _ in range(args.repeat):  # round robin: a slow spell of the machine hits every configuration
         for configuration in configurations:

@@ -353,6 +353,25 @@ def test_benchmark_compiled_and_host_loader_rows_compare_with_eager_resident_fp3
     assert config["xla"] is True and config["workers"] == 2
 
 
+def test_benchmark_replica_rows_run_torchrun_and_mirrored_and_give_the_scaling(tmp_path, capsys):
+    from scripts import benchmark
+
+    assert benchmark.main(["--models", "vanilla_gan", "--precisions", "fp32", "--replicas", "2", "--iters", "4",
+                           "--log-every", "2", "--out", str(tmp_path), "--data-limit", "128",
+                           "--batch-size", "32"]) == 0
+    rows = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
+    assert [(row["framework"], row["replicas"]) for row in rows] == [
+        ("pytorch", 1), ("pytorch", 2), ("tensorflow", 1), ("tensorflow", 2)]
+    for alone, together in (rows[:2], rows[2:]):
+        assert together["scaling"] == pytest.approx(together["samples_per_s"] / (2 * alone["samples_per_s"]))
+        assert "scaling" not in alone
+    folder = tmp_path / "vanilla_gan"
+    for framework in ("pytorch", "tensorflow"):  # each really ran on two replicas
+        assert json.loads((folder / f"{framework}-fp32-replicas2" / "config.json").read_text())["replicas"] == 2
+        assert json.loads((folder / f"{framework}-fp32-replicas1" / "config.json").read_text())["replicas"] == 1
+    assert "vanilla_gan tensorflow fp32 x2" in capsys.readouterr().out
+
+
 def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, capsys, monkeypatch):
     import keras
 

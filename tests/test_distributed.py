@@ -146,6 +146,20 @@ def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, model, secon
                 assert math.isclose(mine[key], theirs[key], rel_tol=1e-4), key
 
 
+def test_a_run_trained_on_two_replicas_is_evaluated_in_one_process(tmp_path, capsys):
+    """scripts/evaluate.py reopens a run with its script in one process, whatever it was
+    trained on: rank 0's checkpoint is an ordinary one."""
+    from scripts import evaluate
+
+    run = tmp_path / "together"
+    trained = torchrun(SCRIPTS["vanilla_gan"], "--dataset", "ring8", "--iters", "4", "--out", str(run), *FAST)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert evaluate.main([str(run), "--samples", "200"]) == 0
+    metrics = json.loads((run / "summary.json").read_text())["metrics"]
+    assert 0 <= metrics["modes_covered"] <= 8
+    assert f"modes_covered {metrics['modes_covered']}," in capsys.readouterr().out.splitlines()[-1]
+
+
 @pytest.mark.parametrize("model", ["vanilla_gan", "vae"])
 def test_bfloat16_replicas_average_the_gradient_of_one_process(tmp_path, model):
     """Under bfloat16 autocast each replica's weight gradient is rounded to bfloat16 before

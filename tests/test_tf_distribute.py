@@ -118,6 +118,19 @@ def test_sync_bn_makes_dcgan_train_on_the_global_batch_statistics(tmp_path):
     assert max_difference(alone, weights(tmp_path / "per_replica", 20)) > 1e-3
 
 
+def test_a_run_trained_on_two_replicas_is_evaluated_in_one_process(tmp_path, capsys):
+    """scripts/evaluate.py reopens a run with its script in one process, whatever it was
+    trained on: the checkpoint of two replicas is an ordinary one."""
+    from scripts import evaluate
+
+    run = tmp_path / "together"
+    train(SCRIPTS["vanilla_gan"], run, "--dataset", "ring8", "--iters", "4", *FAST, *MIRRORED)
+    assert evaluate.main([str(run), "--samples", "200"]) == 0
+    metrics = json.loads((run / "summary.json").read_text())["metrics"]
+    assert 0 <= metrics["modes_covered"] <= 8
+    assert f"modes_covered {metrics['modes_covered']}," in capsys.readouterr().out.splitlines()[-1]
+
+
 # --- flags ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("script,flags,env,words", [
