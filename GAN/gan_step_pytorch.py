@@ -25,6 +25,7 @@ from torch import nn
 
 from common import sampling
 from common.pytorch.data import load_data, to_numpy_images
+from common.pytorch.ema import ExponentialMovingAverage
 from common.pytorch.optimizers import make_optimizer
 from common.pytorch.runtime import Runtime, setup
 from common.pytorch.session import fit
@@ -51,6 +52,9 @@ class GAN:
         self.scaler, self.clip_grad_norm = runtime.scaler, runtime.clip_grad_norm
         self.modules = {"generator": self.generator, "discriminator": self.discriminator}
         self.optimizers = {"generator": self.g_optimizer, "discriminator": self.d_optimizer}
+        # --ema-decay: samples and evaluation from an average of G's weights (common/ema.py)
+        self.average = ExponentialMovingAverage(self.generator, cfg.ema_decay) if cfg.ema_decay else None
+        self.averages = {"generator": self.average} if self.average else {}
         self.title = f"{cfg.model} pytorch {runtime.precision}"
         self._fixed_noise = None
 
@@ -79,13 +83,16 @@ class GAN:
             self.scaler.unscale_(self.g_optimizer)
             nn.utils.clip_grad_norm_(self.generator.parameters(), self.clip_grad_norm)
         self.scaler.step(self.g_optimizer)
+        if self.average:
+            self.average.update(self.generator)
 
         self.scaler.update()
         return {"d_loss": d_loss.detach(), "g_loss": g_loss.detach()}
 
     def generate(self, z: torch.Tensor) -> torch.Tensor:
-        """G(z) in float32 (the session runs it in eval mode, under the run's precision)."""
-        return self.generator(z).float()
+        """G(z) in float32 (the session runs it in eval mode, under the run's precision), from
+        the average of G's weights under --ema-decay."""
+        return (self.average.module if self.average else self.generator)(z).float()
 
     def sample(self, z: np.ndarray) -> np.ndarray:
         """Samples for common/evaluation.py: NHWC images in [0, 1], or 2-D points."""

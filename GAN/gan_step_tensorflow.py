@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from common import sampling
 from common.tensorflow.data import load_data
+from common.tensorflow.ema import ExponentialMovingAverage
 from common.tensorflow.optimizers import make_optimizer
 from common.tensorflow.runtime import Noise, Runtime, setup
 from common.tensorflow.session import fit
@@ -48,6 +49,9 @@ class GAN:
         self.noise = Noise(cfg.seed)
         self.modules = {"generator": generator, "discriminator": discriminator}
         self.optimizers = {"generator": self.g_optimizer, "discriminator": self.d_optimizer}
+        # --ema-decay: samples and evaluation from an average of G's weights (common/ema.py)
+        self.average = ExponentialMovingAverage(generator, cfg.ema_decay) if cfg.ema_decay else None
+        self.averages = {"generator": self.average} if self.average else {}
         self.title = f"{cfg.model} tensorflow {runtime.precision}"
         self._fixed_noise = None
 
@@ -70,12 +74,15 @@ class GAN:
         g_variables = generator.trainable_variables
         g_gradients = g_tape.gradient(scaled_g_loss, g_variables)
         self.g_optimizer.apply_gradients(zip(g_gradients, g_variables))
+        if self.average:
+            self.average.update(generator)
 
         return {"d_loss": d_loss, "g_loss": g_loss}
 
     def generate(self, z) -> tf.Tensor:
-        """G(z) in float32, under the run's policy, in inference mode."""
-        return tf.cast(self.generator(z, training=False), tf.float32)
+        """G(z) in float32, under the run's policy, in inference mode, from the average of G's
+        weights under --ema-decay."""
+        return tf.cast((self.average.module if self.average else self.generator)(z, training=False), tf.float32)
 
     def sample(self, z):
         """Samples for common/evaluation.py: NHWC images in [0, 1], or 2-D points."""

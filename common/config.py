@@ -66,6 +66,7 @@ class RunConfig:
     min_loss_scale: float = 16.0
     nonfinite_patience: int = 200
     clip_grad_norm: float = 0.0
+    ema_decay: float = 0.0          # GANs: G's weights averaged for sampling and evaluation (0: off)
     precision_report: bool = False
     xla: bool = False
     compile: bool = False
@@ -82,7 +83,7 @@ class RunConfig:
 
 # Settings that must match for --resume to continue a run bit-exactly; --iters may grow.
 RESUME_KEYS = ("model", "framework", "width", "batch_size", "lr", "beta1", "beta2", "optimizer",
-               "weight_decay", "seed", "dataset", "data_dir", "data_limit", "image_size")
+               "weight_decay", "ema_decay", "seed", "dataset", "data_dir", "data_limit", "image_size")
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -190,6 +191,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training.add_argument("--clip-grad-norm", type=_non_negative_float,
                           help="clip the global gradient norm of each network (0: off); under "
                                "float16 the gradients are unscaled first")
+    training.add_argument("--ema-decay", type=_unit_interval, metavar="DECAY",
+                          help="GANs: sample and evaluate with an exponential moving average of "
+                               "G's weights, e.g. 0.999 (0: off, G itself)")
     training.add_argument("--seed", type=_non_negative_int, help="seeds Python, numpy and the framework")
     training.add_argument("--init-from", metavar="RUN_DIR|WEIGHTS.npz",
                           help="start from the initial weights of another run, of either "
@@ -298,6 +302,8 @@ def validate(cfg: RunConfig) -> None:
             KERAS_GROWTH_FACTOR, KERAS_BACKOFF_FACTOR):
         raise UsageError("Keras' LossScaleOptimizer always doubles and halves its scale: "
                          "--growth-factor and --backoff-factor are PyTorch-only")
+    if cfg.ema_decay and models.get(cfg.model).family != "GAN":
+        raise UsageError("--ema-decay averages a GAN's generator; the VAE has none")
     if cfg.weight_decay and cfg.optimizer != "adamw":
         raise UsageError("--weight-decay needs --optimizer adamw (Adam's L2 penalty is not offered)")
     if cfg.dataset in ("fashion-mnist", "cifar10", "folder") and not cfg.data_dir:

@@ -4,8 +4,9 @@ common/pytorch/runtime.py and common/tensorflow/runtime.py fulfil it). It import
 framework.
 
 --batch-size is the global batch. Each of N replicas trains on batch/N of its examples and
-on its rows of the noise drawn for the whole batch, from the same seeded generator in every
-replica, so N replicas see exactly what one process would. A model whose step splits its
+on its rows of the noise drawn for the whole batch from the run's seed (PyTorch: the same
+seeded generator in every replica; TensorFlow: one counter-based draw outside the replicas),
+so N replicas see exactly what one process would. A model whose step splits its
 batch (WGAN-GP: 5 critic batches) names the parts, and each part is sharded on its own.
 """
 from __future__ import annotations

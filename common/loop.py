@@ -200,6 +200,8 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, 
     meta = session.checkpoints.restore(path)
     run.truncate_history(meta["step"])
     log(f"resumed from {path} at step {meta['step']}")
+    if "warning" in meta:
+        log(meta["warning"])
     if meta["step"] >= cfg.iters:
         log(f"nothing to do: the run is at step {meta['step']} and --iters is {cfg.iters}")
     return meta["step"], meta.get("skipped_total", 0)

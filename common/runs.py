@@ -54,7 +54,8 @@ class Checkpoints(Protocol):
         """Write atomically; `meta` holds the step and the skipped-step count."""
 
     def restore(self, path: Path) -> dict:
-        """Load the state; returns the meta it was saved with. One CheckpointError line for
+        """Load the state; returns the meta it was saved with (and "warning", a line to
+        print, for an older checkpoint that loads with a caveat). One CheckpointError line for
         a file that is unreadable or does not fit the model."""
 
 

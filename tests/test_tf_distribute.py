@@ -29,7 +29,7 @@ MIRRORED = ["--distribute", "mirrored", "--replicas", "2"]
 TIMEOUT_S = 240
 
 
-def weights(run: Path, step: int, prefix: str = "module/") -> dict[str, np.ndarray]:
+def weights(run: Path, step: int, prefix: str | tuple = "module/") -> dict[str, np.ndarray]:
     with np.load(run / "checkpoints" / f"step_{step:06d}.npz", allow_pickle=False) as stored:
         return {key: stored[key] for key in stored.files if key.startswith(prefix)}
 
@@ -50,18 +50,23 @@ def train(script: str, out: Path, *flags: str, env: dict | None = None) -> subpr
 @pytest.mark.parametrize("model,second_half", [("vanilla_gan", "one process"), ("lsgan", None),
                                                ("vae", "two replicas")])
 def test_two_mirrored_replicas_end_with_the_weights_of_one_process(tmp_path, model, second_half):
-    """float32, 20 steps: equal to float32 summation rounding. With `second_half`, the
-    replicas stop at step 10 and the last 10 steps resume from their checkpoint."""
+    """float32, 20 steps: equal to float32 summation rounding, the GANs' averaged G
+    (--ema-decay, moved once outside the replicas) too. With `second_half`, the replicas stop
+    at step 10 and the last 10 steps resume from their checkpoint."""
     script = SCRIPTS[model]
-    train(script, tmp_path / "alone", "--iters", "20", "--checkpoint-every", "10", *FAST)
+    flags = [*FAST, *(["--ema-decay", "0.9"] if model != "vae" else [])]
+    train(script, tmp_path / "alone", "--iters", "20", *flags, "--checkpoint-every", "10")
     together = tmp_path / "together"
-    first = train(script, together, "--iters", "10" if second_half else "20", *FAST, *MIRRORED)
+    first = train(script, together, "--iters", "10" if second_half else "20", *flags, *MIRRORED)
     assert "2 replicas (MirroredStrategy)" in first.stdout
     if second_half:
         again = MIRRORED if second_half == "two replicas" else []
-        second = train(script, together, "--iters", "20", "--resume", *FAST, *again)
+        second = train(script, together, "--iters", "20", "--resume", *flags, *again)
         assert "resumed from" in second.stdout
-    assert max_difference(weights(tmp_path / "alone", 20), weights(together, 20)) <= 1e-5
+    compared = ("module/", "average/") if model != "vae" else ("module/",)
+    alone = weights(tmp_path / "alone", 20, compared)
+    assert max_difference(alone, weights(together, 20, compared)) <= 1e-5
+    assert model == "vae" or any(key.startswith("average/") for key in alone)
     assert json.loads((together / "config.json").read_text())["replicas"] == (1 if second_half == "one process" else 2)
     # the logged losses are the replicas' average: the one-process run's
     alone = [json.loads(line) for line in (tmp_path / "alone" / "history.jsonl").read_text().splitlines()]
@@ -115,20 +120,23 @@ def test_sync_bn_makes_dcgan_train_on_the_global_batch_statistics(tmp_path):
     alone = weights(tmp_path / "alone", 20)
     assert {key.split("/")[1] for key in alone} == {"generator", "discriminator"}
     assert max_difference(alone, weights(tmp_path / "synced", 20)) <= 1e-5
-    assert max_difference(alone, weights(tmp_path / "per_replica", 20)) > 1e-3
+    assert max_difference(alone, weights(tmp_path / "per_replica", 20)) > 1e-4  # measured: 1.9e-3
 
 
-def test_a_run_trained_on_two_replicas_is_evaluated_in_one_process(tmp_path, capsys):
-    """scripts/evaluate.py reopens a run with its script in one process, whatever it was
-    trained on: the checkpoint of two replicas is an ordinary one."""
+def test_a_run_trained_on_two_replicas_is_evaluated_on_one(tmp_path, capfd):
+    """scripts/evaluate.py reopens a run with its script, without --distribute: the
+    checkpoint of two mirrored replicas is an ordinary one."""
     from scripts import evaluate
 
     run = tmp_path / "together"
     train(SCRIPTS["vanilla_gan"], run, "--dataset", "ring8", "--iters", "4", *FAST, *MIRRORED)
+    capfd.readouterr()
     assert evaluate.main([str(run), "--samples", "200"]) == 0
+    reopened = capfd.readouterr().out  # the run's script, in a process of its own
+    assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in reopened and "2 replicas" not in reopened
     metrics = json.loads((run / "summary.json").read_text())["metrics"]
     assert 0 <= metrics["modes_covered"] <= 8
-    assert f"modes_covered {metrics['modes_covered']}," in capsys.readouterr().out.splitlines()[-1]
+    assert f"modes_covered {metrics['modes_covered']}," in reopened.splitlines()[-1]
 
 
 # --- flags ------------------------------------------------------------------------------------

@@ -179,6 +179,8 @@ class WGANGP(GAN):
             self.scaler.unscale_(self.g_optimizer)
             nn.utils.clip_grad_norm_(self.generator.parameters(), self.clip_grad_norm)
         self.scaler.step(self.g_optimizer)
+        if self.average:
+            self.average.update(self.generator)
         self.scaler.update()
 
         d_loss, penalty, wasserstein = totals / hparams.CRITIC_STEPS  # means over the critic steps

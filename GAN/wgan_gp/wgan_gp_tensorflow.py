@@ -164,6 +164,8 @@ class WGANGP(GAN):
             scaled_g_loss = self.g_optimizer.scale_loss(self.replicas.share(g_loss))
         g_gradients = g_tape.gradient(scaled_g_loss, g_variables)
         self.g_optimizer.apply_gradients(zip(g_gradients, g_variables))
+        if self.average:
+            self.average.update(generator)
 
         means = totals / hparams.CRITIC_STEPS  # over the critic steps
         return {"d_loss": means[0], "g_loss": g_loss, "penalty": means[1], "wasserstein": means[2]}

@@ -119,6 +119,7 @@ class VAE:
         self.scaler, self.clip_grad_norm = runtime.scaler, runtime.clip_grad_norm
         self.modules = {"encoder": self.encoder, "decoder": self.decoder}
         self.optimizers = {"vae": self.optimizer}
+        self.averages = {}  # --ema-decay averages GANs' generators
         self._fixed_noise = self._test_images = None
 
     def train_step(self, x: torch.Tensor) -> dict:

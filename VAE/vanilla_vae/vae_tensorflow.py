@@ -103,6 +103,7 @@ class VAE:
         self.noise = Noise(cfg.seed)  # eps; saved in checkpoints
         self.modules = {"encoder": encoder, "decoder": decoder}
         self.optimizers = {"vae": self.optimizer}
+        self.averages = {}  # --ema-decay averages GANs' generators
         self._fixed_noise = self._test_images = None
 
     def train_step(self, x):

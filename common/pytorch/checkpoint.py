@@ -1,5 +1,6 @@
-"""Checkpoints of a PyTorch run: networks, optimizers, the loss scaler and the random state,
-in one file written atomically and read back without unpickling code (weights_only)."""
+"""Checkpoints of a PyTorch run: networks, optimizers, averaged weights (--ema-decay), the loss
+scaler and the random state, in one file written atomically and read back without unpickling
+code (weights_only)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,6 +29,7 @@ class Checkpoints:
             "meta": dict(meta, precision=self.runtime.precision),
             "modules": {k: m.state_dict() for k, m in self.trainer.modules.items()},
             "optimizers": {k: o.state_dict() for k, o in self.trainer.optimizers.items()},
+            "averages": {k: a.state_dict() for k, a in self.trainer.averages.items()},
             "scaler": self.runtime.scaler.state_dict(),
             "rng": {"cpu": torch.get_rng_state()},
         }
@@ -49,6 +51,8 @@ class Checkpoints:
                 module.load_state_dict(state["modules"][name])
             for name, optimizer in self.trainer.optimizers.items():
                 optimizer.load_state_dict(state["optimizers"][name])
+            for name, average in self.trainer.averages.items():
+                average.load_state_dict(state["averages"][name])
             if self.runtime.scaler.is_enabled():  # a disabled scaler's state is {}, which an enabled one refuses
                 self.runtime.scaler.load_state_dict(state["scaler"])
             torch.set_rng_state(state["rng"]["cpu"])

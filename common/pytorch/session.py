@@ -17,6 +17,7 @@ from common.pytorch import amp
 from common.pytorch import porting as torch_porting
 from common.pytorch.checkpoint import Checkpoints
 from common.pytorch.data import DeviceData, HostLoader
+from common.pytorch.ema import ExponentialMovingAverage
 from common.pytorch.precision_report import precision_report
 from common.pytorch.profiling import Profiler
 from common.pytorch.runtime import Runtime, translate_failures
@@ -26,11 +27,13 @@ from common.runs import BatchOrder, RunFolder
 
 class Trainer(Protocol):
     """What a model hands to the session: its networks and optimizers (checkpointed by name),
-    its training step, and its sample grids. Generators also have `sample(z)`, the VAE
+    the averaged copies of its networks under --ema-decay (by the network's name; checkpointed
+    too), its training step, and its sample grids. Generators also have `sample(z)`, the VAE
     `encode(x)` and `decode_logits(z)`, for common/evaluation.py."""
 
     modules: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
+    averages: dict[str, ExponentialMovingAverage]
     z_dim: int
 
     def train_step(self, batch: torch.Tensor) -> dict[str, torch.Tensor]: ...
@@ -94,7 +97,8 @@ class Session:
     def _inference(self):
         """Eval mode (batch norm on its running statistics), no autograd, and the run's
         precision (autocast, as in the training step), then back to training."""
-        for module in self.trainer.modules.values():
+        modules = [*self.trainer.modules.values(), *(a.module for a in self.trainer.averages.values())]
+        for module in modules:
             module.eval()
         dtype = self.runtime.compute_dtype
         try:
@@ -104,7 +108,7 @@ class Session:
                     torch.autocast(self.runtime.device.type, dtype=dtype, enabled=dtype is not None):
                 yield
         finally:
-            for module in self.trainer.modules.values():
+            for module in modules:
                 module.train()
 
     def write_samples(self, run: RunFolder, step: int):
@@ -136,6 +140,8 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
         trainer.modules, export_weights=lambda module: torch_porting.export_weights(module, shape),
         import_weights=lambda module, layers: torch_porting.import_weights(module, layers, shape),
         sample_shape=shape, replicas=replicas, log=runtime.log)
+    for name, average in trainer.averages.items():  # a resumed run's checkpoint then overwrites it
+        average.start_from(trainer.modules[name])
     if cfg.compile:
         for module in trainer.modules.values():
             # In place (nn.Module.compile): state_dict keys, hence checkpoints and porting, stay

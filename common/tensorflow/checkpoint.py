@@ -1,6 +1,6 @@
 """Checkpoints of a TensorFlow run: every variable of the networks and optimizers (loss scale
-included) and the noise's draw counter, in one .npz written atomically, read back without
-pickles, in the order the models create them."""
+included), the averaged weights (--ema-decay) and the noise's draw counter, in one .npz
+written atomically, read back without pickles, in the order the models create them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,13 +11,17 @@ from common.errors import CheckpointError
 from common.runs import atomic_write
 
 SUFFIX = "npz"
-FORMAT = 2  # 1: the noise was a tf.random.Generator, whose state does not fit the counter
+FORMAT = 2
+# Format 1 held a tf.random.Generator's state where format 2 holds the noise's draw counter:
+# it still loads (evaluate.py, compare.py and --resume reopen old runs), its noise restarting.
+OLD_NOISE_FORMAT = 1
 
 
 def _variables(trainer) -> dict[str, list]:
     groups = {f"module/{k}": m.weights for k, m in trainer.modules.items()}
     groups.update({f"optimizer/{k}": o.variables for k, o in trainer.optimizers.items()})
-    groups["rng/noise"] = [trainer.noise.state]
+    groups.update({f"average/{k}": a.variables for k, a in trainer.averages.items()})
+    groups["rng/noise"] = [trainer.noise.draws]
     return groups
 
 
@@ -50,10 +54,15 @@ class Checkpoints:
                                   "delete it to resume from the one before") from None
         if arrays.get("format") is None:
             raise CheckpointError(f"{path} is not a checkpoint of this repository")
-        if int(arrays["format"]) != FORMAT:
-            raise CheckpointError(f"checkpoint {path} was written in format {int(arrays['format'])}, and this "
-                                  f"version reads format {FORMAT}: start the run afresh")
-        for group, variables in _variables(self.trainer).items():
+        found = int(arrays["format"])
+        if found not in (OLD_NOISE_FORMAT, FORMAT):
+            raise CheckpointError(f"checkpoint {path} was written in format {found}, and this version reads "
+                                  f"formats {OLD_NOISE_FORMAT} and {FORMAT}: train with --overwrite or another --out")
+        groups = _variables(self.trainer)
+        if found == OLD_NOISE_FORMAT:
+            groups.pop("rng/noise")
+            self.trainer.noise.draws.assign(0)
+        for group, variables in groups.items():
             saved = sorted(k for k in arrays if k.startswith(group + "/"))
             if len(saved) != len(variables):
                 raise CheckpointError(f"checkpoint {path} does not fit this model: {group} has "
@@ -63,4 +72,8 @@ class Checkpoints:
                     raise CheckpointError(f"checkpoint {path} does not fit this model: {key} is "
                                           f"{arrays[key].shape}, expected {variable.shape}")
                 variable.assign(arrays[key])
-        return {"step": int(arrays["meta/step"]), "skipped_total": int(arrays["meta/skipped_total"])}
+        meta = {"step": int(arrays["meta/step"]), "skipped_total": int(arrays["meta/skipped_total"])}
+        if found == OLD_NOISE_FORMAT:
+            meta["warning"] = (f"warning: {path} predates the counted noise (format 1): its noise restarts, so "
+                               "training on from it does not end as an uninterrupted run would")
+        return meta

@@ -67,10 +67,6 @@ class Noise:
         self.seed = tf.constant(seed, tf.int64)
         self.draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="noise_draws")
 
-    @property
-    def state(self) -> tf.Variable:
-        return self.draws
-
     def normal(self, shape) -> tf.Tensor:
         return tf.random.stateless_normal(shape, seed=self._next_seed(), alg="philox")
 

@@ -21,6 +21,7 @@ from common.tensorflow import amp
 from common.tensorflow import porting as keras_porting
 from common.tensorflow.checkpoint import Checkpoints
 from common.tensorflow.data import DeviceData, HostLoader
+from common.tensorflow.ema import ExponentialMovingAverage
 from common.tensorflow.precision_report import precision_report
 from common.tensorflow.profiling import Profiler
 from common.tensorflow.runtime import Noise, Runtime, synchronize_batch_norm, translate_failures
@@ -29,13 +30,15 @@ from common.tensorflow.tensorboard import Writer
 
 class Trainer(Protocol):
     """What a model hands to the session: its networks and optimizers (checkpointed by name),
-    its training noise (whose draw counter is checkpointed too), its training step (compiled here
+    its training noise (whose draw counter is checkpointed too), the averaged copies of its
+    networks under --ema-decay (by the network's name; checkpointed too), its training step (compiled here
     with tf.function), and its sample grids. Generators also have `sample(z)`, the VAE
     `encode(x)` and `decode_logits(z)`, for common/evaluation.py."""
 
     modules: dict[str, keras.Model]
     optimizers: dict[str, keras.optimizers.Optimizer]
     noise: Noise
+    averages: dict[str, ExponentialMovingAverage]
     z_dim: int
 
     def train_step(self, batch: tf.Tensor) -> dict[str, tf.Tensor]: ...
@@ -138,4 +141,6 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
                                               "numpy": np.__version__}},
         trainer.modules, export_weights=keras_porting.export_weights, import_weights=keras_porting.import_weights,
         sample_shape=data.dataset.sample_shape, replicas=replicas, log=runtime.log)
+    for name, average in trainer.averages.items():  # a resumed run's checkpoint then overwrites it
+        average.start_from(trainer.modules[name])
     return loop.train(cfg, run, Session(trainer, data, runtime, jit_compile=cfg.xla), len(data), log=runtime.log)
