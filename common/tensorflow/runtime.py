@@ -86,6 +86,11 @@ class Replicas:
     rank: int = 0      # this worker's index in TF_CONFIG (--distribute multi-worker); 0 writes
     workers: int = 1   # processes
 
+    def __post_init__(self):
+        if self.workers > 1:  # the stop requests travel with the training steps (stop_signal)
+            self._stop_request = tf.Variable(0, dtype=tf.int32, trainable=False)
+            self._agreed_stop = tf.Variable(0, dtype=tf.int32, trainable=False)
+
     @property
     def count(self) -> int:
         return self.strategy.num_replicas_in_sync
@@ -126,8 +131,15 @@ class Replicas:
 
     # --- what the session and the loop use (outside the replicas) ---------------------
     def run(self, replica_step, *args) -> dict[str, tf.Tensor]:
-        """`replica_step(*args)` on every replica; its metrics averaged over them."""
-        metrics = self.strategy.run(replica_step, args=args)
+        """`replica_step(*args)` on every replica; its metrics averaged over them. Across
+        workers the step also carries each worker's stop request to the others."""
+        if self.workers == 1:
+            metrics = self.strategy.run(replica_step, args=args)
+        else:
+            def step_and_vote(*step_args):
+                return replica_step(*step_args), _vote(self._stop_request)
+            metrics, votes = self.strategy.run(step_and_vote, args=args)
+            self._agreed_stop.assign(_highest_vote(self.strategy.experimental_local_results(votes)[0]))
         return {name: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
                 for name, value in metrics.items()}
 
@@ -139,11 +151,15 @@ class Replicas:
         return self.strategy.experimental_distribute_values_from_function(lambda context: tf.identity(tensor))
 
     def stop_signal(self, signum: int) -> int:
-        """One process (--distribute mirrored too) receives its own signals; workers agree on
-        the largest with one small all-reduce."""
+        """One process (--distribute mirrored too) receives its own signals. Workers agree one
+        step late, so that no step waits for it: `signum` goes out with the next step's
+        collectives, and the answer is the largest request the step just run carried (as
+        PyTorch's replicas do with an asynchronous all-reduce)."""
         if self.workers == 1:
             return signum
-        return self._all_max(signum)
+        agreed = int(self._agreed_stop.numpy())
+        self._stop_request.assign(signum)
+        return agreed
 
     def wait_for_writer(self) -> None:
         if self.workers > 1:
@@ -172,14 +188,23 @@ class Replicas:
 _LARGEST = 64  # signal numbers fit
 
 
+def _vote(value) -> tf.Tensor:
+    """In a replica: tf.distribute reduces by SUM or MEAN only, so the workers sum one-hot
+    vectors of their values..."""
+    return tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.one_hot(value, _LARGEST + 1, dtype=tf.int32))
+
+
+def _highest_vote(counts: tf.Tensor) -> tf.Tensor:
+    """...and take the highest value any worker sent."""
+    return tf.reduce_max(tf.where(counts > 0, tf.range(_LARGEST + 1), 0))
+
+
 @tf.function
 def _all_max(strategy, value):
-    """tf.distribute reduces by SUM or MEAN only: sum the workers' one-hot vectors and take
-    the highest index any worker set."""
-    per_replica = strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.one_hot(v, _LARGEST + 1, dtype=tf.int32)), args=(value,))
-    counts = strategy.experimental_local_results(per_replica)[0]
-    return tf.reduce_max(tf.where(counts > 0, tf.range(_LARGEST + 1), 0))
+    """The largest of the workers' values, in a collective of its own."""
+    votes = strategy.run(_vote, args=(value,))
+    return _highest_vote(strategy.experimental_local_results(votes)[0])
 
 
 class translate_failures:
