@@ -17,6 +17,7 @@ norm's running statistics too, in float32 whatever the precision of the training
 from __future__ import annotations
 
 
-def decay_at(update: int, decay: float) -> float:
-    """d_n for the n-th update (n >= 1)."""
-    return min(decay, (1.0 + update) / (10.0 + update))
+def decay_at(update, decay, minimum=min):
+    """d_n for the n-th update (n >= 1): Python numbers, or a framework's tensors with its
+    `minimum` (TensorFlow computes it inside the compiled step)."""
+    return minimum(decay, (1.0 + update) / (10.0 + update))

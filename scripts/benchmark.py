@@ -68,7 +68,7 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     elif replicas > 1:
         distribute = ["--distribute", "mirrored", "--replicas", str(replicas)]
     environment = dict(os.environ)
-    if args.replicas:  # one thread per process in both rows (torchrun's default for its workers)
+    if args.replicas:  # in both rows: PyTorch one thread per process (torchrun's default), TensorFlow per op
         environment.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1")
     command = [*launcher, str(models.MODELS[model].script(framework)), "--out", str(folder), "--overwrite",
                "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",

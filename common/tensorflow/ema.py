@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from common import ema
+
 
 class ExponentialMovingAverage:
     """`module`: the averaged copy (sample and evaluate with it); `update(network)` in the
@@ -39,8 +41,7 @@ class ExponentialMovingAverage:
             self._move(network)
 
     def _move(self, network: keras.Model) -> None:
-        # common/ema.py's decay_at, in float64 as Python computes it there
-        updates = tf.cast(self.updates.assign_add(1), tf.float64)
-        weight = 1.0 - tf.minimum(tf.constant(self.decay, tf.float64), (1.0 + updates) / (10.0 + updates))
+        updates = tf.cast(self.updates.assign_add(1), tf.float64)  # float64, as PyTorch's twin computes it in Python
+        weight = 1.0 - ema.decay_at(updates, tf.constant(self.decay, tf.float64), minimum=tf.minimum)
         for averaged, current in zip(self.module.weights, network.weights):
             averaged.assign(averaged + tf.cast(weight, averaged.dtype) * (current - averaged))
