@@ -25,3 +25,20 @@ def run_script(relative: str, *args: str, timeout: int = 300, env: dict | None =
 
     return subprocess.run([sys.executable, str(REPO / relative), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# The data-parallel stop tests (torchrun and tf.distribute): a run that trains until stopped.
+UNTIL_STOPPED = ["--iters", "100000", "--data-limit", "512", "--log-every", "5", "--sample-every", "0",
+                 "--checkpoint-every", "0", "--no-tensorboard"]
+
+
+def resume_from_the_only_checkpoint(script: str, run: Path, context: str = "") -> None:
+    """A run stopped on every replica left exactly one checkpoint, mid-run, and the script
+    continues from it in one process."""
+    saved = sorted((run / "checkpoints").glob("step_*.*"))
+    assert len(saved) == 1, context
+    step = int(saved[0].stem.split("_")[1])
+    assert 0 < step < int(UNTIL_STOPPED[1])
+    resumed = run_script(script, "--out", str(run), "--resume", *UNTIL_STOPPED[2:], "--iters", str(step + 5))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {saved[0]} at step {step}" in resumed.stdout

@@ -21,7 +21,7 @@ import torch
 from common import distributed
 from common.errors import UsageError
 from common.loop import StopRequest
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, UNTIL_STOPPED, resume_from_the_only_checkpoint, run_script
 
 FAST = ["--data-limit", "512", "--log-every", "5", "--sample-every", "0", "--checkpoint-every", "0",
         "--no-tensorboard", "--batch-size", "64"]
@@ -261,14 +261,12 @@ def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str, st
     return process.returncode, out, err, time.monotonic() - started
 
 
-LONG = ["--iters", "100000", "--data-limit", "512", "--log-every", "5", "--sample-every", "0",
-        "--checkpoint-every", "0", "--no-tensorboard"]
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm to rank 1"])
 def test_a_stop_request_stops_every_replica_with_one_checkpoint(tmp_path, how):
     run = tmp_path / "run"
-    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
     try:
         wait_for_training(run, process)
         if how == "ctrl-c":
@@ -279,20 +277,12 @@ def test_a_stop_request_stops_every_replica_with_one_checkpoint(tmp_path, how):
         code, out, err, _ = finish(process)
     assert code != 0
     assert "stopped at step" in out and "Traceback (most recent call last):\n  File \"" not in out
-    saved = sorted((run / "checkpoints").glob("step_*.pt"))
-    assert len(saved) == 1, err[-3000:]
-    step = int(saved[0].stem.split("_")[1])
-    assert 0 < step < 100000
-    # the run continues in one process from the replicas' checkpoint
-    resumed = run_script(SCRIPTS["vanilla_gan"], "--out", str(run), "--resume", *LONG[2:],
-                         "--iters", str(step + 5))
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {saved[0]} at step {step}" in resumed.stdout
+    resume_from_the_only_checkpoint(SCRIPTS["vanilla_gan"], run, err[-3000:])
 
 
 def test_a_killed_replica_ends_the_others_with_one_line(tmp_path):
     run = tmp_path / "run"
-    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
     try:
         wait_for_training(run, process)
         os.kill(worker_pids(process)[1], signal.SIGKILL)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, UNTIL_STOPPED, resume_from_the_only_checkpoint, run_script
 
 FAST = ["--data-limit", "512", "--log-every", "5", "--sample-every", "0", "--checkpoint-every", "0",
         "--no-tensorboard", "--batch-size", "64"]
@@ -223,13 +223,11 @@ def test_two_workers_train_as_one_process_and_write_one_run_folder(tmp_path):
     assert json.loads((run / "summary.json").read_text())["replicas"] == 2
 
 
-LONG = ["--iters", "100000", "--data-limit", "512", "--log-every", "5", "--sample-every", "0",
-        "--checkpoint-every", "0", "--no-tensorboard"]
 
 
 def test_a_sigterm_to_one_worker_stops_both_with_one_checkpoint(tmp_path):
     run = tmp_path / "run"
-    processes = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    processes = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
     try:
         wait_for_training(run, processes)
         processes[1].send_signal(signal.SIGTERM)
@@ -237,16 +235,12 @@ def test_a_sigterm_to_one_worker_stops_both_with_one_checkpoint(tmp_path):
         results = finish(processes, timeout=60)
     assert [code for code, *_ in results] == [128 + signal.SIGTERM] * 2, [err[-2000:] for _, _, err, _ in results]
     assert "stopped at step" in results[0][1]
-    saved = sorted((run / "checkpoints").glob("step_*.npz"))
-    assert len(saved) == 1
-    step = int(saved[0].stem.split("_")[1])
-    resumed = train(SCRIPTS["vanilla_gan"], run, "--resume", *LONG[2:], "--iters", str(step + 5))
-    assert f"resumed from {saved[0]} at step {step}" in resumed.stdout
+    resume_from_the_only_checkpoint(SCRIPTS["vanilla_gan"], run)
 
 
 def test_a_killed_worker_ends_the_other_with_one_line(tmp_path):
     run = tmp_path / "run"
-    processes = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), *LONG)
+    processes = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
     try:
         wait_for_training(run, processes)
         processes[1].kill()
