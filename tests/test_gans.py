@@ -95,6 +95,31 @@ def test_dcgan_shapes_and_twin_architectures_at_every_size(side, channels):
     assert count_torch(discriminator) == count_keras(keras_discriminator)
 
 
+def test_dcgan_has_a_3x3_convolution_at_every_hidden_resolution_in_both_frameworks():
+    """hparams.REFINE_CONVS 3x3, stride-1 convolutions (channels in = out) follow each of G's
+    hidden layers and each of D's, at 7x7x64 and 14x14x32 for 28x28 MNIST at width 32."""
+    image = (1, 28, 28)
+    expected = [(64, 7), (32, 14)] * dcgan_hparams.REFINE_CONVS
+    for network in ("generator", "discriminator"):
+        torch_model = dcgan_pytorch.build_networks(image, 32)[network]
+        found, hooks = [], []
+        for layer in torch_model.modules():
+            if isinstance(layer, torch.nn.Conv2d) and layer.kernel_size == (3, 3):
+                assert layer.stride == (1, 1) and layer.in_channels == layer.out_channels
+                hooks.append(layer.register_forward_hook(
+                    lambda _, __, out: found.append((out.shape[1], out.shape[2]))))
+        if network == "generator":
+            torch_model(torch.zeros(2, dcgan_hparams.Z_DIM))
+        else:
+            torch_model(torch.zeros(2, *image))
+        assert sorted(found) == sorted(expected), network
+        keras_model = dcgan_tensorflow.build_networks((28, 28, 1), 32)[network]
+        keras_found = [(layer.output.shape[3], layer.output.shape[1]) for layer in keras_model.layers
+                       if type(layer).__name__ == "Conv2D" and tuple(layer.kernel_size) == (3, 3)
+                       and tuple(layer.strides) == (1, 1)]
+        assert sorted(keras_found) == sorted(expected), network
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 @pytest.mark.parametrize("argv, message", [
     (["--dataset", "ring8"], "DCGAN is convolutional"),

@@ -112,15 +112,17 @@ def test_bfloat16_mirrored_replicas_average_the_gradient_of_one_process(tmp_path
 def test_sync_bn_makes_dcgan_train_on_the_global_batch_statistics(tmp_path):
     """DCGAN has batch norm in G and D: with --sync-bn their statistics are the global
     batch's, so after 20 steps both networks hold one process's weights; without, each replica
-    normalises its own half and they do not."""
-    flags = ["--width", "8", "--iters", "20", *FAST, "--checkpoint-every", "20"]
+    normalises its own half and they do not. At lr 1e-5, as in the WGAN-GP test: behind batch
+    norm some of G's first-layer gradients cancel to rounding, which Adam's first steps turn into
+    lr-sized moves (measured at the default 2e-4: 5.6e-6 after one step, 1.3e-3 after 20)."""
+    flags = ["--width", "8", "--iters", "20", "--lr", "1e-5", *FAST, "--checkpoint-every", "20"]
     train(SCRIPTS["dcgan"], tmp_path / "alone", *flags)
     train(SCRIPTS["dcgan"], tmp_path / "synced", *flags, *MIRRORED, "--sync-bn")
     train(SCRIPTS["dcgan"], tmp_path / "per_replica", *flags, *MIRRORED)
     alone = weights(tmp_path / "alone", 20)
     assert {key.split("/")[1] for key in alone} == {"generator", "discriminator"}
-    assert max_difference(alone, weights(tmp_path / "synced", 20)) <= 1e-5
-    assert max_difference(alone, weights(tmp_path / "per_replica", 20)) > 1e-4  # measured: 1.9e-3
+    assert max_difference(alone, weights(tmp_path / "synced", 20)) <= 5e-5      # measured: 8.9e-6
+    assert max_difference(alone, weights(tmp_path / "per_replica", 20)) > 5e-4  # measured: 1.8e-3
 
 
 def test_a_run_trained_on_two_replicas_is_evaluated_on_one(tmp_path, capfd):

@@ -4,7 +4,8 @@
     python GAN/dcgan/dcgan_pytorch.py --dataset cifar10 --data-dir DATA      # 32x32x3
     python GAN/dcgan/dcgan_pytorch.py --dataset folder --data-dir DIR --image-size 64
 
-G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU) -> tanh image.
+G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU), each followed by
+a 3x3 convolution at its resolution -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
 The last layer of each runs in float32 under autocast; weights and images are stored
 channels_last (NHWC), the layout oneDNN's CPU kernels and CUDA's tensor cores run fastest.
@@ -34,6 +35,17 @@ def batch_norm(channels: int) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(channels, momentum=hparams.BN_MOMENTUM, eps=hparams.BN_EPSILON)
 
 
+def refine(channels: int, activation) -> list[nn.Module]:
+    """hparams.REFINE_CONVS 3x3 convolutions (batch norm, `activation()`) that keep the size
+    and the channels."""
+    return [layer for _ in range(hparams.REFINE_CONVS)
+            for layer in (nn.Conv2d(channels, channels, 3, 1, 1, bias=False), batch_norm(channels), activation())]
+
+
+def leaky_relu() -> nn.LeakyReLU:
+    return nn.LeakyReLU(hparams.LEAKY_SLOPE)
+
+
 def init_weights(module: nn.Module):
     """Convolutions ~ N(0, 0.02); batch-norm scale ~ N(1, 0.02), shift 0 (the DCGAN paper)."""
     for layer in module.modules():
@@ -52,10 +64,10 @@ class Generator(nn.Module):
         features = width * 2 ** (upsamplings - 1)
         # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
         layers = [nn.ConvTranspose2d(hparams.Z_DIM, features, base, 1, 0, bias=False),
-                  batch_norm(features), nn.ReLU()]
+                  batch_norm(features), nn.ReLU(), *refine(features, nn.ReLU)]  # 7x7x64 -> 7x7x64
         for _ in range(upsamplings - 1):  # 7x7x64 -> 14x14x32: each doubles the side, halves the channels
             layers += [nn.ConvTranspose2d(features, features // 2, 4, 2, 1, bias=False),
-                       batch_norm(features // 2), nn.ReLU()]
+                       batch_norm(features // 2), nn.ReLU(), *refine(features // 2, nn.ReLU)]
             features //= 2
         self.body = nn.Sequential(*layers)
         # 14x14x32 -> 28x28x1, in float32
@@ -73,11 +85,11 @@ class Discriminator(nn.Module):
         base, downsamplings = hparams.geometry(height, image_width)
         features = width
         # 28x28x1 -> 14x14x32, no batch norm on the input
-        layers = [nn.Conv2d(channels, features, 4, 2, 1, bias=False),
-                  nn.LeakyReLU(hparams.LEAKY_SLOPE)]
+        layers = [nn.Conv2d(channels, features, 4, 2, 1, bias=False), leaky_relu(),
+                  *refine(features, leaky_relu)]  # 14x14x32 -> 14x14x32
         for _ in range(downsamplings - 1):  # 14x14x32 -> 7x7x64: each halves the side, doubles the channels
             layers += [nn.Conv2d(features, features * 2, 4, 2, 1, bias=False),
-                       batch_norm(features * 2), nn.LeakyReLU(hparams.LEAKY_SLOPE)]
+                       batch_norm(features * 2), leaky_relu(), *refine(features * 2, leaky_relu)]
             features *= 2
         self.body = nn.Sequential(*layers)
         # 7x7x64 -> 1x1x1, one logit in float32

@@ -4,7 +4,8 @@
     python GAN/dcgan/dcgan_tensorflow.py --dataset cifar10 --data-dir DATA      # 32x32x3
     python GAN/dcgan/dcgan_tensorflow.py --dataset folder --data-dir DIR --image-size 64
 
-G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU) -> tanh image.
+G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU), each followed by
+a 3x3 convolution at its resolution -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
 The last layer of each is built with dtype="float32"; images stay NHWC, TensorFlow's native
 layout. Shapes below are (H x W x channels) for 28x28 MNIST at the default width.
@@ -45,6 +46,17 @@ def batch_norm() -> layers.BatchNormalization:
         gamma_initializer=keras.initializers.RandomNormal(1.0, hparams.INIT_STD))
 
 
+def refine(channels: int, activation) -> list[layers.Layer]:
+    """hparams.REFINE_CONVS 3x3 convolutions (batch norm, `activation()`) that keep the size
+    and the channels."""
+    return [layer for _ in range(hparams.REFINE_CONVS)
+            for layer in (layers.Conv2D(channels, 3, 1, "same", **conv()), batch_norm(), activation())]
+
+
+def leaky_relu() -> layers.LeakyReLU:
+    return layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)
+
+
 def make_generator(image_shape: tuple, width: int) -> keras.Model:
     height, image_width, channels = image_shape
     base, upsamplings = hparams.geometry(height, image_width)
@@ -52,10 +64,10 @@ def make_generator(image_shape: tuple, width: int) -> keras.Model:
     # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
     stack = [keras.Input((hparams.Z_DIM,)), layers.Reshape((1, 1, hparams.Z_DIM)),
              layers.Conv2DTranspose(features, base, 1, "valid", **conv()),
-             batch_norm(), layers.ReLU()]
+             batch_norm(), layers.ReLU(), *refine(features, layers.ReLU)]  # 7x7x64 -> 7x7x64
     for _ in range(upsamplings - 1):  # 7x7x64 -> 14x14x32: each doubles the side, halves the channels
         stack += [layers.Conv2DTranspose(features // 2, 4, 2, "same", **conv()),
-                  batch_norm(), layers.ReLU()]
+                  batch_norm(), layers.ReLU(), *refine(features // 2, layers.ReLU)]
         features //= 2
     # 14x14x32 -> 28x28x1, in float32
     stack += [layers.Conv2DTranspose(channels, 4, 2, "same", dtype="float32", **conv()),
@@ -69,11 +81,11 @@ def make_discriminator(image_shape: tuple, width: int) -> keras.Model:
     features = width
     # 28x28x1 -> 14x14x32, no batch norm on the input
     stack = [keras.Input(image_shape),
-             layers.Conv2D(features, 4, 2, "same", **conv()),
-             layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
+             layers.Conv2D(features, 4, 2, "same", **conv()), leaky_relu(),
+             *refine(features, leaky_relu)]  # 14x14x32 -> 14x14x32
     for _ in range(downsamplings - 1):  # 14x14x32 -> 7x7x64: each halves the side, doubles the channels
         stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv()),
-                  batch_norm(), layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
+                  batch_norm(), leaky_relu(), *refine(features * 2, leaky_relu)]
         features *= 2
     # 7x7x64 -> 1x1x1, one logit in float32
     stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **conv()),

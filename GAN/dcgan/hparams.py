@@ -10,6 +10,11 @@ Z_DIM = 100
 # resolution (ngf = ndf of the PyTorch DCGAN example). The paper used 64 for 64x64 images on a
 # GPU; 32 is plenty for MNIST and makes a CPU step ~4x cheaper.
 WIDTH = 32
+# 3x3 convolutions (stride 1, batch norm, ReLU) after each of G's hidden layers, at its
+# resolution. DCGAN's G has one transposed convolution per resolution, too little to shape a
+# stroke: one more convolution per resolution, as Progressive GAN and StyleGAN have, took
+# MNIST's FID from 154 to 76 at 2,000 iterations (README, "what moved the FID").
+REFINE_CONVS = 1
 LEAKY_SLOPE = 0.2
 PIXEL_RANGE = (-1.0, 1.0)  # images are scaled to the range of G's tanh
 INIT_STD = 0.02        # conv weights ~ N(0, 0.02); batch-norm gamma ~ N(1, 0.02), beta = 0
@@ -19,17 +24,21 @@ BN_EPSILON = 1e-5      # PyTorch's default; Keras' is 1e-3
 # Image side -> (side of the smallest feature map, number of stride-2 layers).
 GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
 
+# 10,000 iterations (about 11 epochs of MNIST): FID fell from 79 at 2,000 to 8-12 at 10,000 in
+# both frameworks, 9-11 minutes on the 2-core CPU (README). Samples and evaluation come from
+# an average of G's weights (--ema-decay): 8.4 against G's own 12.4 at 10,000 in PyTorch.
 DEFAULTS = dict(
     width=WIDTH,
-    iters=2000,
+    iters=10000,
     batch_size=64,
     lr=2e-4,
     beta1=0.5,
     beta2=0.999,
+    ema_decay=0.999,
     dataset="mnist",
-    sample_every=500,
-    log_every=50,
-    checkpoint_every=1000,
+    sample_every=2000,
+    log_every=100,
+    checkpoint_every=2000,
 )
 
 
