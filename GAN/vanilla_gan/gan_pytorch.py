@@ -3,7 +3,7 @@
     python GAN/vanilla_gan/gan_pytorch.py --amp            # MNIST, bfloat16 on CPU
     python GAN/vanilla_gan/gan_pytorch.py --dataset ring8  # 2-D ring of 8 Gaussians
 
-Two one-hidden-layer MLPs. D returns logits, and the losses take logits: sigmoid + BCELoss
+Two MLPs (sizes in hparams.py). D returns logits, and the losses take logits: sigmoid + BCELoss
 raises under CUDA autocast (it is unsafe in float16), BCE-with-logits is fused and stable.
 
 The training step, with its autocast and GradScaler calls, is GAN/gan_step_pytorch.py, shared
@@ -29,14 +29,24 @@ from GAN import gan_step_pytorch as gan_step
 from GAN.vanilla_gan import hparams
 
 
+def hidden_layers(units_in: int, widths: list[int]) -> list[nn.Module]:
+    """Linear + LeakyReLU for each width in turn."""
+    layers = []
+    for units in widths:
+        layers += [nn.Linear(units_in, units), nn.LeakyReLU(hparams.LEAKY_SLOPE)]
+        units_in = units
+    return layers
+
+
 class Generator(nn.Module):
-    """z -> width (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
+    """z -> 256 -> 512 -> 1024 (LeakyReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
 
     def __init__(self, data_shape: tuple, width: int):
         super().__init__()
         self.data_shape, self.squash = data_shape, len(data_shape) == 3  # (C, H, W) images
-        self.hidden = nn.Sequential(nn.Linear(hparams.Z_DIM, width), nn.ReLU())
-        self.out = FullPrecision(nn.Linear(width, math.prod(data_shape)))
+        widths = [width * k for k in hparams.G_HIDDEN]
+        self.hidden = nn.Sequential(*hidden_layers(hparams.Z_DIM, widths))
+        self.out = FullPrecision(nn.Linear(widths[-1], math.prod(data_shape)))
         init_like_keras_dense(self)
 
     def forward(self, z):
@@ -47,16 +57,13 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """data -> width (LeakyReLU) -> one logit, computed in float32."""
+    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32."""
 
     def __init__(self, data_shape: tuple, width: int):
         super().__init__()
-        self.hidden = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(math.prod(data_shape), width),
-            nn.LeakyReLU(hparams.LEAKY_SLOPE),
-        )
-        self.out = FullPrecision(nn.Linear(width, 1))
+        widths = [width * k for k in hparams.D_HIDDEN]
+        self.hidden = nn.Sequential(nn.Flatten(), *hidden_layers(math.prod(data_shape), widths))
+        self.out = FullPrecision(nn.Linear(widths[-1], 1))
         init_like_keras_dense(self)
 
     def forward(self, x):

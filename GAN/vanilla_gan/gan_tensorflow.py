@@ -3,7 +3,7 @@
     python GAN/vanilla_gan/gan_tensorflow.py --amp            # MNIST, mixed_bfloat16 on CPU
     python GAN/vanilla_gan/gan_tensorflow.py --dataset ring8  # 2-D ring of 8 Gaussians
 
-Two one-hidden-layer MLPs. D returns logits and the losses take logits, computed in float32;
+Two MLPs (sizes in hparams.py). D returns logits and the losses take logits, computed in float32;
 the output layers are built with dtype="float32" so they stay in float32 under the policy.
 
 The training step, with its GradientTape, scale_loss and apply_gradients calls, is
@@ -31,12 +31,18 @@ from GAN import gan_step_tensorflow as gan_step
 from GAN.vanilla_gan import hparams
 
 
+def hidden_layers(widths: list[int]) -> list[layers.Layer]:
+    """Dense + LeakyReLU for each width in turn."""
+    return [layer for units in widths
+            for layer in (layers.Dense(units, **DENSE_INIT), layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE))]
+
+
 def make_generator(data_shape: tuple, width: int) -> keras.Model:
-    """z -> width (ReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
+    """z -> 256 -> 512 -> 1024 (LeakyReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
     squash = len(data_shape) == 3  # (H, W, C) images
     return keras.Sequential([
         keras.Input((hparams.Z_DIM,)),
-        layers.Dense(width, activation="relu", **DENSE_INIT),
+        *hidden_layers([width * k for k in hparams.G_HIDDEN]),
         layers.Dense(math.prod(data_shape), dtype="float32", **DENSE_INIT),
         layers.Activation("tanh" if squash else "linear", dtype="float32"),
         layers.Reshape(data_shape),
@@ -44,12 +50,11 @@ def make_generator(data_shape: tuple, width: int) -> keras.Model:
 
 
 def make_discriminator(data_shape: tuple, width: int) -> keras.Model:
-    """data -> width (LeakyReLU) -> one logit, computed in float32."""
+    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32."""
     return keras.Sequential([
         keras.Input(data_shape),
         layers.Flatten(),
-        layers.Dense(width, **DENSE_INIT),
-        layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE),
+        *hidden_layers([width * k for k in hparams.D_HIDDEN]),
         layers.Dense(1, dtype="float32", **DENSE_INIT),
     ], name="discriminator")
 
