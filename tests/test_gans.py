@@ -95,6 +95,28 @@ def test_dcgan_shapes_and_twin_architectures_at_every_size(side, channels):
     assert count_torch(discriminator) == count_keras(keras_discriminator)
 
 
+def test_mlp_gans_hidden_layers_follow_the_width_in_both_frameworks():
+    """G's hidden layers are 1, 2 and 4 times --width, D's 2 and 1 times it (hparams.py), each
+    followed by LeakyReLU 0.2, in both frameworks (LSGAN trains these networks too)."""
+    from GAN.vanilla_gan import hparams
+
+    width = 8
+    torch_networks = gan_pytorch.build_networks((1, 28, 28), width)
+    keras_networks = gan_tensorflow.build_networks((28, 28, 1), width)
+    expected = {"generator": [width * k for k in hparams.G_HIDDEN] + [784],
+                "discriminator": [width * k for k in hparams.D_HIDDEN] + [1]}
+    assert expected["generator"][:3] == [8, 16, 32] and expected["discriminator"][:2] == [16, 8]
+    for name, units in expected.items():
+        torch_layers = list(torch_networks[name].modules())
+        assert [m.out_features for m in torch_layers if isinstance(m, torch.nn.Linear)] == units
+        slopes = [m.negative_slope for m in torch_layers if isinstance(m, torch.nn.LeakyReLU)]
+        assert slopes == [0.2] * (len(units) - 1)
+        keras_layers = keras_networks[name].layers
+        assert [layer.units for layer in keras_layers if type(layer).__name__ == "Dense"] == units
+        assert [float(layer.negative_slope) for layer in keras_layers
+                if type(layer).__name__ == "LeakyReLU"] == pytest.approx([0.2] * (len(units) - 1))
+
+
 def test_dcgan_has_a_3x3_convolution_at_every_hidden_resolution_in_both_frameworks():
     """hparams.REFINE_CONVS 3x3, stride-1 convolutions (channels in = out) follow each of G's
     hidden layers and each of D's, at 7x7x64 and 14x14x32 for 28x28 MNIST at width 32."""
