@@ -148,4 +148,4 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         compare.main([*flags, "--same-init", "--reuse", "--lr", "1e-4"])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "lr: 0.001 here, 0.0001 asked" in err
+    assert exit_info.value.code == 2 and "lr: 0.0002 here, 0.0001 asked" in err

@@ -16,8 +16,8 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     assert (cfg.batch_size, cfg.lr, cfg.iters) == (hparams.DEFAULTS["batch_size"],
                                                    hparams.DEFAULTS["lr"],
                                                    hparams.DEFAULTS["iters"])
-    cfg = parse("--batch-size", "16", "--lr", "2e-4", "--amp", "--dataset", "ring8")
-    assert (cfg.batch_size, cfg.lr, cfg.amp, cfg.dataset) == (16, 2e-4, True, "ring8")
+    cfg = parse("--batch-size", "16", "--lr", "5e-4", "--amp", "--dataset", "ring8")
+    assert (cfg.batch_size, cfg.lr, cfg.amp, cfg.dataset) == (16, 5e-4, True, "ring8")
 
 
 @pytest.mark.parametrize("argv, message", [

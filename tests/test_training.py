@@ -162,7 +162,7 @@ def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
     out = tmp_path / "run"
     expect_exit(1, "nothing to resume", capsys, "pytorch", out, "--iters", "2", "--resume")
     train("pytorch", out, "--iters", "2")
-    expect_exit(1, "lr: 0.001 -> 0.002", capsys, "pytorch", out,
+    expect_exit(1, "lr: 0.0002 -> 0.002", capsys, "pytorch", out,
                 "--lr", "0.002", "--iters", "4", "--resume")
 
 
