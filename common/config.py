@@ -262,7 +262,16 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
 def parse_args(model: str, framework: str, argv=None) -> RunConfig:
     """The flags of a model's script in one framework, over the defaults of its hparams.py."""
     entry = models.get(model)
-    args = build_parser(entry.key, framework, entry.hparams.DEFAULTS).parse_args(argv)
+    parser = build_parser(entry.key, framework, entry.hparams.DEFAULTS)
+    # A dataset's own defaults (hparams.DATASET_DEFAULTS, e.g. the 2-D mixtures') sit between
+    # the model's defaults and the command line, so the dataset is read first.
+    dataset = parser.parse_known_args(argv)[0].dataset
+    dataset_defaults = getattr(entry.hparams, "DATASET_DEFAULTS", {}).get(dataset, {})
+    unknown = set(dataset_defaults) - {f.name for f in dataclasses.fields(RunConfig)}
+    if unknown:
+        raise ValueError(f"hparams.DATASET_DEFAULTS name unknown run settings: {sorted(unknown)}")
+    parser.set_defaults(**dataset_defaults)
+    args = parser.parse_args(argv)
     cfg = RunConfig(model=entry.key, framework=framework, **vars(args))
     validate(cfg)
     if entry.images_only and cfg.dataset in POINT_DATASETS:

@@ -26,12 +26,13 @@ def shard(rows, rank: int, count: int, parts: int = 1):
     return rows.reshape(parts, count, -1, *rows.shape[1:])[:, rank].reshape(-1, *rows.shape[1:])
 
 
-def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False) -> None:
+def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False, pack: int = 1) -> None:
     """One UsageError line (printed by one replica, `quiet` on the others) for a global batch
-    that does not divide."""
-    if batch_size % (count * parts):
-        unit = count * parts
-        what = f"{count} replicas" + (f" x {parts} parts of each step's batch" if parts > 1 else "")
+    that does not divide; `pack`: each replica's rows must also divide into D's packs (PacGAN)."""
+    unit = count * parts * pack
+    if batch_size % unit:
+        what = (f"{count} replicas" + (f" x {parts} parts of each step's batch" if parts > 1 else "")
+                + (f" x packs of {pack} samples" if pack > 1 else ""))
         raise UsageError(f"--batch-size {batch_size} does not divide among {what}: use a multiple "
                          f"of {unit} (the global batch; each replica trains on batch / {count})", quiet=quiet)
 

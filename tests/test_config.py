@@ -89,3 +89,31 @@ def test_a_misspelt_hparams_default_is_refused():
     with pytest.raises(ValueError, match=r"unknown run settings: \['iterz'\]"):
         build_parser("vanilla_gan", "pytorch", {"iterz": 5, "lr": 1e-3})
     assert build_parser("vanilla_gan", "pytorch", {"lr": 0.5}).parse_args([]).lr == 0.5
+
+
+@pytest.mark.parametrize("model", ["vanilla_gan", "lsgan"])
+def test_a_datasets_own_defaults_sit_between_the_models_and_the_command_line(model):
+    """hparams.DATASET_DEFAULTS: the 2-D mixtures train longer and sample from the average of
+    G; MNIST keeps the model's defaults; a flag on the command line overrides both."""
+    ring = hparams.DATASET_DEFAULTS["ring8"]
+    assert ring["iters"] != hparams.DEFAULTS["iters"] and ring["ema_decay"] > 0
+    mnist = parse_args(model, "tensorflow", [])
+    assert (mnist.iters, mnist.ema_decay) == (hparams.DEFAULTS["iters"], 0.0)
+    on_ring = parse_args(model, "tensorflow", ["--dataset", "ring8"])
+    assert (on_ring.iters, on_ring.ema_decay, on_ring.sample_every) == (
+        ring["iters"], ring["ema_decay"], ring["sample_every"])
+    overridden = parse_args(model, "pytorch", ["--iters", "7", "--dataset", "grid25", "--ema-decay", "0"])
+    assert (overridden.iters, overridden.ema_decay) == (7, 0.0)
+
+
+def test_a_dataset_default_that_names_no_setting_is_a_programming_error(monkeypatch):
+    monkeypatch.setattr(hparams, "DATASET_DEFAULTS", {"ring8": {"iterations": 5}})
+    with pytest.raises(ValueError, match="iterations"):
+        parse("--dataset", "ring8")
+
+
+@pytest.mark.parametrize("model", ["vanilla_gan", "lsgan"])
+def test_a_batch_that_does_not_divide_into_packs_is_refused_on_points_only(model):
+    with pytest.raises(UsageError, match=f"packs of {hparams.POINT_PACK}"):
+        parse_args(model, "pytorch", ["--dataset", "ring8", "--batch-size", "63"])
+    assert parse_args(model, "pytorch", ["--batch-size", "63"]).batch_size == 63  # MNIST: one by one

@@ -87,6 +87,9 @@ def test_a_batch_that_does_not_divide_is_refused():
         distributed.check_batch(325, 2, parts=5)
     with pytest.raises(UsageError, match="multiple of 4"):
         distributed.check_batch(66, 4)
+    distributed.check_batch(68, 2, pack=2)  # PacGAN's D: each replica's share divides into packs
+    with pytest.raises(UsageError, match="packs of 2 samples: use a multiple of 4"):
+        distributed.check_batch(66, 2, pack=2)
 
 
 def test_a_relayed_signal_is_the_same_stop_request_and_a_later_one_quits(monkeypatch):
@@ -115,14 +118,15 @@ def test_sync_bn_outside_torchrun_or_on_cpu_is_one_line(tmp_path):
 
 # --- two replicas against one process -------------------------------------------------------
 
-@pytest.mark.parametrize("model,second_half", [("vanilla_gan", "two replicas"), ("lsgan", None),
-                                               ("vae", "one process")])
-def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, model, second_half):
+@pytest.mark.parametrize("model,dataset,second_half", [
+    ("vanilla_gan", "mnist", "two replicas"), ("lsgan", "ring8", None), ("vae", "mnist", "one process")])
+def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, model, dataset, second_half):
     """float32, 20 steps: equal to float32 summation rounding. With `second_half`, the two
     replicas stop at step 10 and the last 10 steps resume from their checkpoint, under two
-    replicas again or in one process."""
+    replicas again or in one process. On ring8 D judges packs of 2 points (PacGAN): each
+    replica packs its own half of the batch as one process packs the whole."""
     script = SCRIPTS[model]
-    flags = [*FAST, *(GAN_FLAGS if model != "vae" else [])]  # each rank moves its own average
+    flags = [*FAST, "--dataset", dataset, *(GAN_FLAGS if model != "vae" else [])]  # each rank moves its own average
     alone = run_script(script, "--iters", "20", "--out", str(tmp_path / "alone"), *flags, env=replica_environment())
     assert alone.returncode == 0, alone.stderr
     together = tmp_path / "together"

@@ -240,3 +240,49 @@ def test_pytorch_dcgan_weights_and_batches_are_channels_last_on_every_device():
     kernels = [p for p in discriminator.parameters() if p.dim() == 4]
     assert kernels and all(p.is_contiguous(memory_format=torch.channels_last) and p.stride()[1] == 1
                            for p in kernels)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_mlp_gan_discriminator_judges_points_in_packs_and_images_one_by_one(framework):
+    """PacGAN (hparams.POINT_PACK): on 2-D points D gives one logit for each pack of
+    consecutive samples, which depends on every sample of that pack and on no other; on
+    images it judges each sample alone."""
+    from GAN.vanilla_gan import hparams
+
+    pack = hparams.POINT_PACK
+    assert pack == 2 and hparams.pack((2,)) == pack and hparams.pack((1, 28, 28)) == 1
+    if framework == "pytorch":
+        torch.manual_seed(0)
+        build = lambda shape: gan_pytorch.build_networks(shape, 8)["discriminator"]
+        judge = lambda d, x: d(torch.from_numpy(x)).detach().numpy()[:, 0]
+        image_shape = (1, 28, 28)
+    else:
+        build = lambda shape: gan_tensorflow.build_networks(shape, 8)["discriminator"]
+        judge = lambda d, x: np.asarray(d(x, training=False))[:, 0]
+        image_shape = (28, 28, 1)
+    points = np.random.default_rng(0).normal(size=(3 * pack, 2)).astype(np.float32)
+    d = build((2,))
+    logits = judge(d, points)
+    assert logits.shape == (3,)
+    for moved in range(3 * pack):  # move one sample: only its own pack's logit changes
+        other = points.copy()
+        other[moved] += 1.0
+        changed = np.abs(judge(d, other) - logits) > 1e-6
+        assert changed.tolist() == [i == moved // pack for i in range(3)], moved
+    images = np.random.default_rng(1).uniform(-1, 1, (3, *image_shape)).astype(np.float32)
+    assert judge(build(image_shape), images).shape == (3,)
+
+
+def test_mlp_gan_discriminators_on_points_compute_the_same_function_in_both_frameworks():
+    """The packed D ported from PyTorch to Keras gives the same logits (the twins reshape the
+    pack alike: sample 0's x, y, then sample 1's)."""
+    from common.pytorch import porting as torch_porting
+    from common.tensorflow import porting as keras_porting
+
+    torch.manual_seed(0)
+    torch_d = gan_pytorch.build_networks((2,), 16)["discriminator"]
+    keras_d = gan_tensorflow.build_networks((2,), 16)["discriminator"]
+    keras_porting.import_weights(keras_d, torch_porting.export_weights(torch_d))
+    points = np.random.default_rng(2).normal(size=(8, 2)).astype(np.float32)
+    expected = torch_d(torch.from_numpy(points)).detach().numpy()
+    np.testing.assert_allclose(np.asarray(keras_d(points, training=False)), expected, atol=1e-6)

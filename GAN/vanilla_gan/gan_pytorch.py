@@ -56,13 +56,28 @@ class Generator(nn.Module):
         return x.view(-1, *self.data_shape)
 
 
+class PackSamples(nn.Module):
+    """(batch, ...) -> (batch / pack, pack * features): consecutive samples side by side, so D
+    judges `pack` of them at once (PacGAN, Lin et al., 2018). pack 1 is a plain flatten."""
+
+    def __init__(self, pack: int):
+        super().__init__()
+        self.pack = pack
+
+    def forward(self, x):
+        return x.reshape(x.shape[0] // self.pack, -1)
+
+
 class Discriminator(nn.Module):
-    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32."""
+    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32. On 2-D points it judges
+    hparams.POINT_PACK samples together (one logit each pack), which keeps G from collapsing."""
 
     def __init__(self, data_shape: tuple, width: int):
         super().__init__()
+        self.pack = hparams.pack(data_shape)
         widths = [width * k for k in hparams.D_HIDDEN]
-        self.hidden = nn.Sequential(nn.Flatten(), *hidden_layers(math.prod(data_shape), widths))
+        self.hidden = nn.Sequential(PackSamples(self.pack),
+                                    *hidden_layers(self.pack * math.prod(data_shape), widths))
         self.out = FullPrecision(nn.Linear(widths[-1], 1))
         init_like_keras_dense(self)
 

@@ -49,11 +49,30 @@ def make_generator(data_shape: tuple, width: int) -> keras.Model:
     ], name="generator")
 
 
+class PackSamples(layers.Layer):
+    """(batch, ...) -> (batch / pack, pack * features): consecutive samples side by side, so D
+    judges `pack` of them at once (PacGAN, Lin et al., 2018). pack 1 is a plain flatten."""
+
+    def __init__(self, pack: int, **kwargs):
+        super().__init__(**kwargs)
+        self.pack = pack
+
+    def call(self, x):
+        return tf.reshape(x, (tf.shape(x)[0] // self.pack, self.pack * math.prod(x.shape[1:])))
+
+    def compute_output_shape(self, input_shape):
+        return (None, self.pack * math.prod(input_shape[1:]))
+
+    def get_config(self):  # clone_model (the average of weights) rebuilds layers from it
+        return {**super().get_config(), "pack": self.pack}
+
+
 def make_discriminator(data_shape: tuple, width: int) -> keras.Model:
-    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32."""
+    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32. On 2-D points it judges
+    hparams.POINT_PACK samples together (one logit each pack), which keeps G from collapsing."""
     return keras.Sequential([
         keras.Input(data_shape),
-        layers.Flatten(),
+        PackSamples(hparams.pack(data_shape)),
         *hidden_layers([width * k for k in hparams.D_HIDDEN]),
         layers.Dense(1, dtype="float32", **DENSE_INIT),
     ], name="discriminator")

@@ -133,7 +133,7 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
     shape = data.dataset.sample_shape
     replicas = runtime.replicas
     distributed.check_batch(cfg.batch_size, replicas.count, getattr(trainer, "batch_parts", 1),
-                            quiet=not replicas.writer)
+                            quiet=not replicas.writer, pack=getattr(trainer, "pack", 1))
     run = loop.open_run(
         cfg, runtime.precision, {"device": str(runtime.device), "replicas": replicas.count,
                                  "versions": {"torch": torch.__version__, "numpy": np.__version__}},

@@ -134,7 +134,7 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
     --distribute multi-worker only worker 0 writes and prints."""
     replicas = runtime.replicas
     distributed.check_batch(cfg.batch_size, replicas.count, getattr(trainer, "batch_parts", 1),
-                            quiet=not replicas.writer)
+                            quiet=not replicas.writer, pack=getattr(trainer, "pack", 1))
     run = loop.open_run(
         cfg, runtime.precision, {"device": runtime.device_type, "replicas": replicas.count,
                                  "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
