@@ -4,6 +4,7 @@ each run's quality, and print one table: is AMP's quality as good as float32's?
     python scripts/quality_table.py                                   # everything (hours on a CPU)
     python scripts/quality_table.py --models dcgan vanilla_vae        # some models
     python scripts/quality_table.py --models dcgan --iters 200 --samples 1000   # a quick look
+    python scripts/quality_table.py --precisions fp32                 # AMP rows left out
 
 Runs go to <runs>/<model>/<dataset>/<framework>-<precision> (default --runs runs/quality), one
 fresh process each, trained with the model's own defaults and `--evaluate N`. Run it again
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS),
                         help="those each model takes: the 2-D mixtures only where the model does")
+    parser.add_argument("--precisions", nargs="+", choices=("fp32", "amp"), default=["fp32", "amp"],
+                        help="fp32 alone where AMP is slow to train (bfloat16 emulated on an AVX2-only CPU)")
     parser.add_argument("--iters", type=int, help="override every model's default budget")
     parser.add_argument("--samples", type=int, default=10_000, help="generated samples per run")
     parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
@@ -123,6 +126,8 @@ def main(argv=None) -> int:
             for framework in args.frameworks:
                 fp32_fid = None
                 for amp in (False, True):
+                    if ("amp" if amp else "fp32") not in args.precisions:
+                        continue
                     folder = run_folder(args.runs, model, dataset, framework, amp)
                     summary = ensure(folder, model, dataset, framework, amp, args)
                     if summary is None:

@@ -154,3 +154,14 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     assert quality_table.main([*argv, "--models", "vanilla_gan", "dcgan", "--table-only"]) == 0
     rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"]
     assert len(rows) == 5 and not (tmp_path / "dcgan").exists()
+
+
+def test_quality_table_trains_only_the_precisions_asked_for(tmp_path):
+    from scripts import quality_table
+
+    argv = ["--models", "lsgan", "--frameworks", "pytorch", "--datasets", "ring8", "--iters", "2",
+            "--samples", "50", "--runs", str(tmp_path), "--precisions", "fp32"]
+    assert quality_table.main(argv) == 0
+    rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"]
+    assert [(r["dataset"], r["precision"]) for r in rows] == [("mnist", "-"), ("ring8", "fp32")]
+    assert not (tmp_path / "lsgan" / "ring8" / "pytorch-amp").exists()
