@@ -96,14 +96,14 @@ def test_a_datasets_own_defaults_sit_between_the_models_and_the_command_line(mod
     """hparams.DATASET_DEFAULTS: the 2-D mixtures train longer and sample from the average of
     G; MNIST keeps the model's defaults; a flag on the command line overrides both."""
     ring = hparams.DATASET_DEFAULTS["ring8"]
-    assert ring["iters"] != hparams.DEFAULTS["iters"] and ring["ema_decay"] > 0
+    assert ring["iters"] != hparams.DEFAULTS["iters"] and ring["lr"] != hparams.DEFAULTS["lr"] and ring["ema_decay"] > 0
     mnist = parse_args(model, "tensorflow", [])
-    assert (mnist.iters, mnist.ema_decay) == (hparams.DEFAULTS["iters"], 0.0)
+    assert (mnist.iters, mnist.lr, mnist.ema_decay) == (hparams.DEFAULTS["iters"], hparams.DEFAULTS["lr"], 0.0)
     on_ring = parse_args(model, "tensorflow", ["--dataset", "ring8"])
-    assert (on_ring.iters, on_ring.ema_decay, on_ring.sample_every) == (
-        ring["iters"], ring["ema_decay"], ring["sample_every"])
+    assert (on_ring.iters, on_ring.lr, on_ring.ema_decay, on_ring.sample_every) == (
+        ring["iters"], ring["lr"], ring["ema_decay"], ring["sample_every"])
     overridden = parse_args(model, "pytorch", ["--iters", "7", "--dataset", "grid25", "--ema-decay", "0"])
-    assert (overridden.iters, overridden.ema_decay) == (7, 0.0)
+    assert (overridden.iters, overridden.lr, overridden.ema_decay) == (7, hparams.DATASET_DEFAULTS["grid25"]["lr"], 0.0)
 
 
 def test_a_dataset_default_that_names_no_setting_is_a_programming_error(monkeypatch):
