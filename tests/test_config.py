@@ -103,7 +103,7 @@ def test_a_datasets_own_defaults_sit_between_the_models_and_the_command_line(mod
     assert (on_ring.iters, on_ring.lr, on_ring.ema_decay, on_ring.sample_every) == (
         ring["iters"], ring["lr"], ring["ema_decay"], ring["sample_every"])
     overridden = parse_args(model, "pytorch", ["--iters", "7", "--dataset", "grid25", "--ema-decay", "0"])
-    assert (overridden.iters, overridden.lr, overridden.ema_decay) == (7, hparams.DATASET_DEFAULTS["grid25"]["lr"], 0.0)
+    assert (overridden.iters, overridden.lr, overridden.ema_decay) == (7, hparams.DEFAULTS["lr"], 0.0)
 
 
 def test_a_dataset_default_that_names_no_setting_is_a_programming_error(monkeypatch):
