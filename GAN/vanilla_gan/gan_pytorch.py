@@ -74,10 +74,9 @@ class Discriminator(nn.Module):
 
     def __init__(self, data_shape: tuple, width: int):
         super().__init__()
-        self.pack = hparams.pack(data_shape)
+        pack = hparams.pack(data_shape)
         widths = [width * k for k in hparams.D_HIDDEN]
-        self.hidden = nn.Sequential(PackSamples(self.pack),
-                                    *hidden_layers(self.pack * math.prod(data_shape), widths))
+        self.hidden = nn.Sequential(PackSamples(pack), *hidden_layers(pack * math.prod(data_shape), widths))
         self.out = FullPrecision(nn.Linear(widths[-1], 1))
         init_like_keras_dense(self)
 

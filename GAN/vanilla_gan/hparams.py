@@ -17,7 +17,7 @@ LEAKY_SLOPE = 0.2  # set explicitly: torch defaults to 0.01, Keras to 0.3
 PIXEL_RANGE = (-1.0, 1.0)  # images are scaled to the range of G's tanh
 # On the 2-D mixtures D judges pairs of samples (PacGAN, Lin et al., 2018): a G that collapses
 # onto one mode yields pairs that are never from two modes, which D learns to spot. Without it
-# G hopped from mode to mode and covered 0 of the ring's 8 (README, "what moved the FID").
+# these networks covered 0 of the ring's 8 modes in 20,000 iterations (README, "what moved the FID").
 POINT_PACK = 2
 
 # Defaults of the shared flags (common/config.py); the command line overrides them.
