@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import models
-from common.config import POINT_DATASETS
+from common.config import POINT_DATASETS, RESUME_KEYS, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
 from common.runs import RunFolder, atomic_write
@@ -39,6 +39,15 @@ COLUMNS = (("fid", "FID", 2), ("precision", "precision", 3), ("recall", "recall"
 def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool) -> Path:
     # The folder names the precision AMP gets on this machine's CPU; config.json says which ran.
     return runs / model / dataset / f"{framework}-{'amp' if amp else 'fp32'}"
+
+
+def training_settings(model: str, dataset: str, framework: str, amp: bool, args) -> dict:
+    """What shapes the weights of the run `ensure` would start (the settings --resume holds
+    fixed, and --iters): the model's and the dataset's defaults under this script's flags. A
+    run that differs in one (another --iters, or a default changed since it ran) is not reused."""
+    cfg = parse_args(model, framework, ["--dataset", dataset, *(["--amp"] if amp else []),
+                                        *(["--iters", str(args.iters)] if args.iters else [])])
+    return {name: getattr(cfg, name) for name in ("iters", *RESUME_KEYS)}
 
 
 def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args) -> dict | None:
@@ -55,9 +64,11 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             extra = ["--overwrite"]
         else:
             config = json.loads((folder / "config.json").read_text())
-            wanted_iters = args.iters or config["iters"]
-            if config["iters"] != wanted_iters or config["dataset"] != dataset:
-                raise UsageError(f"{folder} holds a run of other settings (iters {config['iters']}); "
+            wanted = training_settings(model, dataset, framework, amp, args)
+            differences = [f"{name} {config.get(name)}, not {value}" for name, value in wanted.items()
+                           if config.get(name) != value]
+            if differences:
+                raise UsageError(f"{folder} holds a run of other settings ({'; '.join(differences)}); "
                                  "--overwrite to train it again, or --runs for another folder")
             done = json.loads(summary_path.read_text()) if summary_path.exists() else {}
             if done.get("step") == config["iters"]:

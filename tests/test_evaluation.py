@@ -155,6 +155,15 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"]
     assert len(rows) == 5 and not (tmp_path / "dcgan").exists()
 
+    # A run of other settings (a default changed since it ran) is refused, not reused
+    config_path = tmp_path / "vanilla_gan" / "mnist" / "pytorch-fp32" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "batch_size": 32}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        quality_table.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "batch_size 32, not 64" in err and "\n" not in err, err
+
 
 def test_quality_table_trains_only_the_precisions_asked_for(tmp_path):
     from scripts import quality_table
