@@ -12,7 +12,8 @@ and finished runs are reused, stopped ones continued (--resume), finished ones w
 measured (scripts/evaluate.py); --overwrite trains everything again. The GANs with MLPs also
 train on the 2-D mixtures (ring8, grid25), where mode coverage is the metric. The first row
 is the real-data floor (MNIST train vs test). The table is printed and written to
-<runs>/quality_table.md and .json; the "FID vs fp32" column is AMP's FID over float32's.
+<runs>/quality_table.md and .json; the "FID vs fp32" column is AMP's FID over float32's (with
+--precisions amp alone, over the float32 run of the same settings measured before, if any).
 """
 from __future__ import annotations
 
@@ -50,6 +51,23 @@ def training_settings(model: str, dataset: str, framework: str, amp: bool, args)
     return {name: getattr(cfg, name) for name in ("iters", *RESUME_KEYS)}
 
 
+def settings_differences(config: dict, wanted: dict) -> list[str]:
+    return [f"{name} {config.get(name)}, not {value}" for name, value in wanted.items() if config.get(name) != value]
+
+
+def measured_float32_fid(folder: Path, wanted: dict) -> float | None:
+    """The FID of a finished float32 run of these settings measured before, or None: what AMP's
+    "FID vs fp32" is divided by when this call trains no float32 run (--precisions amp)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if settings_differences(config, wanted) or summary.get("step") != config.get("iters"):
+        return None
+    return summary.get("metrics", {}).get("fid")
+
+
 def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args) -> dict | None:
     """Train and/or evaluate one run as needed; return its summary (with --table-only: the
     summary of a finished, measured run, else None)."""
@@ -64,9 +82,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             extra = ["--overwrite"]
         else:
             config = json.loads((folder / "config.json").read_text())
-            wanted = training_settings(model, dataset, framework, amp, args)
-            differences = [f"{name} {config.get(name)}, not {value}" for name, value in wanted.items()
-                           if config.get(name) != value]
+            differences = settings_differences(config, training_settings(model, dataset, framework, amp, args))
             if differences:
                 raise UsageError(f"{folder} holds a run of other settings ({'; '.join(differences)}); "
                                  "--overwrite to train it again, or --runs for another folder")
@@ -136,6 +152,9 @@ def main(argv=None) -> int:
         for dataset in (d for d in takes if d in args.datasets):
             for framework in args.frameworks:
                 fp32_fid = None
+                if "fp32" not in args.precisions:
+                    fp32_fid = measured_float32_fid(run_folder(args.runs, model, dataset, framework, False),
+                                                    training_settings(model, dataset, framework, False, args))
                 for amp in (False, True):
                     if ("amp" if amp else "fp32") not in args.precisions:
                         continue
