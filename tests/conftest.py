@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from pathlib import Path
@@ -42,3 +43,17 @@ def resume_from_the_only_checkpoint(script: str, run: Path, context: str = "") -
     resumed = run_script(script, "--out", str(run), "--resume", *UNTIL_STOPPED[2:], "--iters", str(step + 5))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {saved[0]} at step {step}" in resumed.stdout
+
+
+def evaluated_in_one_process(run: Path, step: int, capfd) -> None:
+    """scripts/evaluate.py reopens a run of two replicas (a ring8 GAN's) with its script in one
+    process, without torchrun or --distribute: the checkpoint they wrote is an ordinary one."""
+    from scripts import evaluate
+
+    capfd.readouterr()
+    assert evaluate.main([str(run), "--samples", "200"]) == 0
+    reopened = capfd.readouterr().out  # the run's script, in a process of its own
+    assert f"resumed from {run / 'checkpoints' / f'step_{step:06d}'}" in reopened and "2 replicas" not in reopened
+    metrics = json.loads((run / "summary.json").read_text())["metrics"]
+    assert 0 <= metrics["modes_covered"] <= 8
+    assert f"modes_covered {metrics['modes_covered']}," in reopened.splitlines()[-1]

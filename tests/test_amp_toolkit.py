@@ -278,31 +278,55 @@ def test_precision_report_shows_what_ran_in_16_bits_tensorflow(tmp_path, capsys)
 
 # --- scripts/benchmark.py -------------------------------------------------------------------
 
-def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys):
+class FakeScripts:
+    """Stands in for the model scripts benchmark.py runs: records each command and writes the
+    run folder's summary.json and config.json, with the step time `step_ms(command, call)`."""
+
+    def __init__(self, monkeypatch, step_ms=lambda command, call: 10.0):
+        from scripts import benchmark
+
+        self.commands, self.step_ms, self.real_run = [], step_ms, subprocess.run
+        monkeypatch.setattr(benchmark.subprocess, "run", self)
+
+    def __call__(self, command, **kwargs):
+        if "--out" not in command:  # not a model script: platform.platform() asking uname
+            return self.real_run(command, **kwargs)
+        self.commands.append(command)
+        out = Path(command[command.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        step_ms = self.step_ms(command, len(self.commands))
+        (out / "summary.json").write_text(json.dumps({
+            "median_step_ms": step_ms, "samples_per_s": 1000 / step_ms, "peak_memory_mb": 1.0, "skipped_steps": 0}))
+        precision = {"bfloat16": "amp-bf16", "float16": "amp-fp16"}.get(
+            command[command.index("--amp-dtype") + 1] if "--amp-dtype" in command else None, "fp32")
+        (out / "config.json").write_text(json.dumps({"precision": precision, "device": "cpu"}))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+
+def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys, monkeypatch):
+    from common import cpu
     from scripts import benchmark
 
+    # two runs each, round robin: fp32 takes 10 then 12 ms/step, AMP 20 then 16
+    scripts = FakeScripts(monkeypatch, lambda command, call: {1: 10.0, 2: 20.0, 3: 12.0, 4: 16.0}[call])
     assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--iters", "8",
                            "--log-every", "2", "--out", str(tmp_path), "--data-limit", "128",
                            "--batch-size", "32", "--repeat", "2"]) == 0
-    # Round robin: every configuration once, then again.
     assert [line.split()[3] for line in capsys.readouterr().out.splitlines()
             if line.startswith("benchmark: ")] == ["fp32", "amp-bf16"] * 2
+    assert all(command[-4:] == ["--data-limit", "128", "--batch-size", "32"] for command in scripts.commands)
     report = json.loads((tmp_path / "benchmark.json").read_text())
     fp32, amp = report["rows"]
     assert (fp32["precision"], amp["precision"]) == ("fp32", "amp-bf16")
-    for row in (fp32, amp):  # the median of 2 runs is the slower one; both are kept
-        assert len(row["step_ms_runs"]) == 2 and row["median_step_ms"] == max(row["step_ms_runs"])
-    assert amp["speedup"] == pytest.approx(fp32["median_step_ms"] / amp["median_step_ms"])
-    assert "speedup" not in fp32 and fp32["peak_memory_mb"] > 0
+    # the median of 2 runs is the slower one; both are kept
+    assert (fp32["step_ms_runs"], amp["step_ms_runs"]) == ([10.0, 12.0], [16.0, 20.0])
+    assert (fp32["median_step_ms"], amp["median_step_ms"]) == (12.0, 20.0)
+    assert amp["speedup"] == pytest.approx(12.0 / 20.0) and "speedup" not in fp32
     assert report["machine"]["flags"] == ["--data-limit", "128", "--batch-size", "32"]
-    from common import cpu
-
     assert report["machine"]["cpu"] == cpu.describe()  # model name, cores, avx512_bf16, amx_bf16
     table = (tmp_path / "benchmark.md").read_text()
     assert table.startswith(f"CPU: {cpu.summary()}; flags: --data-limit 128 --batch-size 32\n")
-    low, high = amp["step_ms_runs"]
-    assert f"| {amp['median_step_ms']:.2f} ({low:.2f}-{high:.2f}) |" in table
-    assert f"| {amp['speedup']:.2f}x |" in table and table.count("\n|") == 4
+    assert "| 20.00 (16.00-20.00) |" in table and "| 0.60x |" in table and table.count("\n|") == 4
 
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--iters", "3", "--log-every", "2"])
@@ -312,21 +336,10 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys):
 def test_benchmark_paper_dcgan_preset_runs_dcgan_at_64x64_width_64_and_flags_after_it_win(tmp_path, monkeypatch):
     from scripts import benchmark
 
-    commands = []
-
-    def fake_run(command, **_):
-        commands.append(command)
-        out = Path(command[command.index("--out") + 1])
-        out.mkdir(parents=True)
-        (out / "summary.json").write_text(json.dumps({"median_step_ms": 10.0, "samples_per_s": 1.0,
-                                                      "peak_memory_mb": 1.0, "skipped_steps": 0}))
-        (out / "config.json").write_text(json.dumps({"precision": "fp32", "device": "cpu"}))
-        return subprocess.CompletedProcess(command, 0, "", "")
-
-    monkeypatch.setattr(benchmark.subprocess, "run", fake_run)
+    scripts = FakeScripts(monkeypatch)
     assert benchmark.main(["--preset", "paper-dcgan", "--frameworks", "pytorch", "--precisions", "fp32",
                            "--batch-size", "16", "--out", str(tmp_path)]) == 0
-    (command,) = commands
+    (command,) = scripts.commands
     assert command[1].endswith("dcgan_pytorch.py")
     flags = command[command.index("--workers") + 2:]
     assert flags == ["--image-size", "64", "--width", "64", "--batch-size", "64", "--batch-size", "16"]
@@ -338,9 +351,10 @@ def test_benchmark_paper_dcgan_preset_runs_dcgan_at_64x64_width_64_and_flags_aft
     assert json.loads((tmp_path / "benchmark.json").read_text())["machine"]["preset"] == "paper-dcgan"
 
 
-def test_benchmark_compiled_and_host_loader_rows_compare_with_eager_resident_fp32(tmp_path):
+def test_benchmark_compiled_and_host_loader_rows_compare_with_eager_resident_fp32(tmp_path, monkeypatch):
     from scripts import benchmark
 
+    scripts = FakeScripts(monkeypatch, lambda command, call: 10.0 * call)
     assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "tensorflow", "--precisions", "fp32",
                            "--compiled", "--workers", "2", "--iters", "8", "--log-every", "2",
                            "--out", str(tmp_path), "--data-limit", "128", "--batch-size", "32"]) == 0
@@ -349,11 +363,15 @@ def test_benchmark_compiled_and_host_loader_rows_compare_with_eager_resident_fp3
         ("-", "resident"), ("-", "2 workers"), ("XLA", "resident"), ("XLA", "2 workers")]
     for row in rows[1:]:
         assert row["speedup"] == pytest.approx(rows[0]["median_step_ms"] / row["median_step_ms"])
-    config = json.loads((tmp_path / "vanilla_gan" / "tensorflow-fp32-compiled-workers2" / "config.json").read_text())
-    assert config["xla"] is True and config["workers"] == 2
+    # each row ran its own script with its flags, in a folder of its own
+    assert [("--xla" in command, command[command.index("--workers") + 1]) for command in scripts.commands] == [
+        (False, "0"), (False, "2"), (True, "0"), (True, "2")]
+    assert scripts.commands[-1][scripts.commands[-1].index("--out") + 1].endswith(
+        "vanilla_gan/tensorflow-fp32-compiled-workers2")
 
 
 def test_benchmark_replica_rows_run_torchrun_and_mirrored_and_give_the_scaling(tmp_path, capsys):
+    """The real scripts, in processes of their own, one and two replicas in each framework."""
     from scripts import benchmark
 
     assert benchmark.main(["--models", "vanilla_gan", "--precisions", "fp32", "--replicas", "2", "--iters", "4",
@@ -365,6 +383,8 @@ def test_benchmark_replica_rows_run_torchrun_and_mirrored_and_give_the_scaling(t
     for alone, together in (rows[:2], rows[2:]):
         assert together["scaling"] == pytest.approx(together["samples_per_s"] / (2 * alone["samples_per_s"]))
         assert "scaling" not in alone
+    for row in rows:  # what the scripts measured
+        assert row["median_step_ms"] > 0 and row["peak_memory_mb"] > 0 and row["device"] == "cpu"
     folder = tmp_path / "vanilla_gan"
     for framework in ("pytorch", "tensorflow"):  # each really ran on two replicas
         assert json.loads((folder / f"{framework}-fp32-replicas2" / "config.json").read_text())["replicas"] == 2

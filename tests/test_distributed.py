@@ -21,7 +21,7 @@ import torch
 from common import distributed
 from common.errors import UsageError
 from common.loop import StopRequest
-from tests.conftest import REPO, UNTIL_STOPPED, resume_from_the_only_checkpoint, run_script
+from tests.conftest import REPO, UNTIL_STOPPED, evaluated_in_one_process, resume_from_the_only_checkpoint, run_script
 
 FAST = ["--data-limit", "512", "--log-every", "5", "--sample-every", "0", "--checkpoint-every", "0",
         "--no-tensorboard", "--batch-size", "64"]
@@ -120,11 +120,12 @@ def test_sync_bn_outside_torchrun_or_on_cpu_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("model,dataset,second_half", [
     ("vanilla_gan", "mnist", "two replicas"), ("lsgan", "ring8", None), ("vae", "mnist", "one process")])
-def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, model, dataset, second_half):
+def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, capfd, model, dataset, second_half):
     """float32, 20 steps: equal to float32 summation rounding. With `second_half`, the two
     replicas stop at step 10 and the last 10 steps resume from their checkpoint, under two
     replicas again or in one process. On ring8 D judges packs of 2 points (PacGAN): each
-    replica packs its own half of the batch as one process packs the whole."""
+    replica packs its own half of the batch as one process packs the whole. Without, the run
+    of two replicas is then evaluated by scripts/evaluate.py in one process."""
     script = SCRIPTS[model]
     flags = [*FAST, "--dataset", dataset, *(GAN_FLAGS if model != "vae" else [])]  # each rank moves its own average
     alone = run_script(script, "--iters", "20", "--out", str(tmp_path / "alone"), *flags, env=replica_environment())
@@ -156,23 +157,9 @@ def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, model, datas
         for key in theirs:
             if key.endswith("loss") or key in ("recon", "kl"):
                 assert math.isclose(mine[key], theirs[key], rel_tol=1e-4), key
+    if second_half is None:
+        evaluated_in_one_process(together, 20, capfd)
 
-
-def test_a_run_trained_on_two_replicas_is_evaluated_on_one(tmp_path, capfd):
-    """scripts/evaluate.py reopens a run with its script in one process, not under
-    torchrun: rank 0's checkpoint is an ordinary one."""
-    from scripts import evaluate
-
-    run = tmp_path / "together"
-    trained = torchrun(SCRIPTS["vanilla_gan"], "--dataset", "ring8", "--iters", "4", "--out", str(run), *FAST)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    capfd.readouterr()
-    assert evaluate.main([str(run), "--samples", "200"]) == 0
-    reopened = capfd.readouterr().out  # the run's script, in a process of its own
-    assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in reopened and "2 replicas" not in reopened
-    metrics = json.loads((run / "summary.json").read_text())["metrics"]
-    assert 0 <= metrics["modes_covered"] <= 8
-    assert f"modes_covered {metrics['modes_covered']}," in reopened.splitlines()[-1]
 
 
 @pytest.mark.parametrize("model", ["vanilla_gan", "vae"])

@@ -8,6 +8,7 @@ one dies.
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, UNTIL_STOPPED, resume_from_the_only_checkpoint, run_script
+from tests.conftest import REPO, UNTIL_STOPPED, evaluated_in_one_process, resume_from_the_only_checkpoint, run_script
 
 FAST = ["--data-limit", "512", "--log-every", "5", "--sample-every", "0", "--checkpoint-every", "0",
         "--no-tensorboard", "--batch-size", "64"]
@@ -53,11 +54,13 @@ def train(script: str, out: Path, *flags: str, env: dict | None = None) -> subpr
 
 @pytest.mark.parametrize("model,dataset,second_half", [
     ("vanilla_gan", "mnist", "one process"), ("lsgan", "ring8", None), ("vae", "mnist", "two replicas")])
-def test_two_mirrored_replicas_end_with_the_weights_of_one_process(tmp_path, model, dataset, second_half):
+def test_two_mirrored_replicas_end_with_the_weights_of_one_process(tmp_path, capfd, model, dataset, second_half):
     """float32, 20 steps: equal to float32 summation rounding, the GANs' averaged G
     (--ema-decay, moved once outside the replicas) too. With `second_half`, the replicas stop
     at step 10 and the last 10 steps resume from their checkpoint. On ring8 D judges packs of
-    2 points (PacGAN): each replica packs its own half of the batch as one process packs the whole."""
+    2 points (PacGAN): each replica packs its own half of the batch as one process packs the
+    whole. Without, the run of two replicas is then evaluated by scripts/evaluate.py: the
+    checkpoint of two mirrored replicas is an ordinary one."""
     script = SCRIPTS[model]
     flags = [*FAST, "--dataset", dataset, *(GAN_FLAGS if model != "vae" else [])]
     train(script, tmp_path / "alone", "--iters", "20", *flags, "--checkpoint-every", "10")
@@ -81,6 +84,8 @@ def test_two_mirrored_replicas_end_with_the_weights_of_one_process(tmp_path, mod
         for key in theirs:
             if key.endswith("loss") or key in ("recon", "kl"):
                 assert ours[key] == pytest.approx(theirs[key], rel=1e-4), key
+    if second_half is None:
+        evaluated_in_one_process(together, 20, capfd)
 
 
 def test_wgan_gp_shards_each_critic_batch(tmp_path):
@@ -130,40 +135,47 @@ def test_sync_bn_makes_dcgan_train_on_the_global_batch_statistics(tmp_path):
     assert max_difference(alone, weights(tmp_path / "per_replica", 20)) > 5e-4  # measured: 1.8e-3
 
 
-def test_a_run_trained_on_two_replicas_is_evaluated_on_one(tmp_path, capfd):
-    """scripts/evaluate.py reopens a run with its script, without --distribute: the
-    checkpoint of two mirrored replicas is an ordinary one."""
-    from scripts import evaluate
-
-    run = tmp_path / "together"
-    train(SCRIPTS["vanilla_gan"], run, "--dataset", "ring8", "--iters", "4", *FAST, *MIRRORED)
-    capfd.readouterr()
-    assert evaluate.main([str(run), "--samples", "200"]) == 0
-    reopened = capfd.readouterr().out  # the run's script, in a process of its own
-    assert f"resumed from {run / 'checkpoints' / 'step_000004'}" in reopened and "2 replicas" not in reopened
-    metrics = json.loads((run / "summary.json").read_text())["metrics"]
-    assert 0 <= metrics["modes_covered"] <= 8
-    assert f"modes_covered {metrics['modes_covered']}," in reopened.splitlines()[-1]
-
-
 # --- flags ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("script,flags,env,words", [
-    ("GAN/vanilla_gan/gan_pytorch.py", ["--distribute", "mirrored"], {}, "torchrun --standalone"),
-    (SCRIPTS["vanilla_gan"], ["--replicas", "2"], {}, "--replicas N goes with --distribute mirrored"),
-    (SCRIPTS["vanilla_gan"], ["--distribute", "mirrored"], {}, "needs --replicas N"),
-    (SCRIPTS["dcgan"], ["--sync-bn"], {}, "add --distribute"),
-    (SCRIPTS["vanilla_gan"], ["--distribute", "mirrored", "--replicas", "2", "--xla"], {}, "keras#21366"),
-    (SCRIPTS["vanilla_gan"], ["--distribute", "multi-worker"], {"TF_CONFIG": ""}, "TF_CONFIG, which is not set"),
-    (SCRIPTS["vanilla_gan"], ["--distribute", "multi-worker"], {"TF_CONFIG": "{not json"}, "not a worker cluster"),
-    (SCRIPTS["vanilla_gan"], ["--distribute", "mirrored", "--replicas", "3"], {}, "does not divide among 3 replicas"),
+@pytest.mark.parametrize("framework,flags,words", [
+    ("pytorch", ["--distribute", "mirrored"], "torchrun --standalone"),
+    ("tensorflow", ["--replicas", "2"], "--replicas N goes with --distribute mirrored"),
+    ("tensorflow", ["--sync-bn"], "add --distribute"),
+    ("tensorflow", ["--distribute", "mirrored", "--replicas", "2", "--xla"], "keras#21366"),
 ])
-def test_data_parallel_flag_errors_are_one_line(tmp_path, script, flags, env, words):
-    result = run_script(script, *flags, "--iters", "1", "--out", str(tmp_path / "run"), *FAST,
-                        env={**os.environ, **env})
+def test_data_parallel_flags_that_do_not_go_together_are_refused(framework, flags, words):
+    from common.config import parse_args
+    from common.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(words)):
+        parse_args("dcgan", framework, flags)
+
+
+@pytest.mark.parametrize("flags,tf_config,words", [
+    (["--distribute", "mirrored"], None, "needs --replicas N"),
+    (["--distribute", "multi-worker"], "", "TF_CONFIG, which is not set"),
+    (["--distribute", "multi-worker"], "{not json", "not a worker cluster"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}',
+     "not a worker cluster"),
+])
+def test_a_strategy_that_cannot_start_is_refused_before_tensorflow_sees_it(monkeypatch, flags, tf_config, words):
+    from common.config import parse_args
+    from common.errors import UsageError
+    from common.tensorflow import runtime
+
+    if tf_config is not None:
+        monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(UsageError, match=re.escape(words)):
+        runtime.start_replicas(parse_args("vanilla_gan", "tensorflow", flags), "cpu")
+
+
+def test_a_data_parallel_flag_error_is_one_line_from_the_script(tmp_path):
+    """The whole path, in a process of its own: two logical devices started, then the batch refused."""
+    result = run_script(SCRIPTS["vanilla_gan"], *MIRRORED[:-1], "3", "--iters", "1", "--out", str(tmp_path / "run"),
+                        *FAST)
     assert result.returncode == 2, result.stderr[-2000:]
     ours = [line for line in result.stderr.splitlines() if "error" in line]
-    assert len(ours) == 1 and words in ours[0], result.stderr[-2000:]
+    assert len(ours) == 1 and "does not divide among 3 replicas" in ours[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
 
 
