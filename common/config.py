@@ -36,6 +36,7 @@ class RunConfig:
     framework: str
     amp: bool = False
     amp_dtype: str = "auto"
+    tf32: str = "auto"              # CUDA float32: TensorFloat-32 matmuls/convolutions (auto: framework default)
     iters: int = 1000
     batch_size: int = 64
     lr: float = 1e-3
@@ -150,6 +151,11 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                                 "bfloat16 (no scaling) on CPU")
     precision.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"),
                            help="override the AMP compute dtype (needs --amp)")
+    precision.add_argument("--tf32", choices=("auto", "on", "off"),
+                           help="NVIDIA GPUs since Ampere: float32 matmuls and convolutions in "
+                                "TensorFloat-32 (10-bit mantissa, float32 range). auto = the "
+                                "framework's default (PyTorch: matmuls off, cuDNN convolutions on; "
+                                "TensorFlow: on); no effect on a CPU")
     precision.add_argument("--precision-report", action="store_true",
                            help="print, per layer, its weights' dtype and the dtype its output "
                                 "actually had in the first training step")

@@ -345,7 +345,7 @@ class ProfileWindow:
         with clock.paused():
             folder = self.run.path / "profile"
             operations, trace = self.session.profiler.stop(folder)
-            table = format_top_ops(operations, PROFILED_STEPS)
+            table = format_top_ops(operations, PROFILED_STEPS, self.session.profiler.clock)
             (folder / "top_ops.txt").write_text(table + "\n")
             self.log(f"{table}\nprofile: {trace}")
 

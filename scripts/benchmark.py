@@ -47,8 +47,13 @@ from common import cpu, models
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.runs import atomic_write
 
-PRECISION_FLAGS = {"fp32": [], "amp-bf16": ["--amp", "--amp-dtype", "bfloat16"],
-                   "amp-fp16": ["--amp", "--amp-dtype", "float16"]}
+# Every row names TensorFloat-32 (a GPU's float32 matmuls and convolutions with a 10-bit
+# mantissa): off, so that fp32 is IEEE float32 and the AMP rows differ from it by autocast
+# alone, except fp32-tf32's, the float32 a GPU gives by default in TensorFlow (in PyTorch, its
+# convolutions). A CPU ignores it.
+PRECISION_FLAGS = {"fp32": ["--tf32", "off"], "fp32-tf32": ["--tf32", "on"],
+                   "amp-bf16": ["--amp", "--amp-dtype", "bfloat16", "--tf32", "off"],
+                   "amp-fp16": ["--amp", "--amp-dtype", "float16", "--tf32", "off"]}
 COMPILERS = {"pytorch": ("torch.compile", "--compile"), "tensorflow": ("XLA", "--xla")}
 PRESETS = {
     "paper-dcgan": dict(models=["dcgan"], iters=40, log_every=10,
@@ -84,7 +89,8 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
                         f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
-    return {"model": model, "framework": framework, "precision": config["precision"], "compiler": compiler,
+    return {"model": model, "framework": framework, "precision": config["precision"],
+            "tf32": config["tf32"] if config["device"].startswith("cuda") else "-", "compiler": compiler,
             "data": loader, "replicas": replicas,
             "device": config["device"], "median_step_ms": summary["median_step_ms"],
             "samples_per_s": summary["samples_per_s"], "peak_memory_mb": summary["peak_memory_mb"],
@@ -93,14 +99,14 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
 
 def markdown(rows: list[dict], machine: dict) -> str:
     lines = [f"CPU: {cpu.summary(machine['cpu'])}; flags: {' '.join(machine['flags']) or '-'}", "",
-             "| model | framework | precision | compiler | data | replicas | device | median ms/step "
-             "| samples/s | speedup vs fp32 | scaling | peak MB | skipped |", "|" + "---|" * 13]
+             "| model | framework | precision | TF32 | compiler | data | replicas | device | median ms/step "
+             "| samples/s | speedup vs fp32 | scaling | peak MB | skipped |", "|" + "---|" * 14]
     for row in rows:
         speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
         scaling = f"{row['scaling']:.0%}" if row.get("scaling") else "-"
         runs = row["step_ms_runs"]
         spread = f" ({runs[0]:.2f}-{runs[-1]:.2f})" if len(runs) > 1 else ""
-        lines.append(f"| {row['model']} | {row['framework']} | {row['precision']} | {row['compiler']} "
+        lines.append(f"| {row['model']} | {row['framework']} | {row['precision']} | {row['tf32']} | {row['compiler']} "
                      f"| {row['data']} | {row['replicas']} | {row['device']} "
                      f"| {row['median_step_ms']:.2f}{spread} | {row['samples_per_s']:.0f} | {speedup} | {scaling} "
                      f"| {row['peak_memory_mb']:.0f} | {row['skipped_steps']} |")
@@ -115,7 +121,9 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", choices=models.NAMES, default=list(models.MODELS))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--precisions", nargs="+", choices=tuple(PRECISION_FLAGS),
-                        default=["fp32", "amp-bf16"], help="amp-fp16 is for CUDA (emulated on CPU)")
+                        default=["fp32", "amp-bf16"],
+                        help="amp-fp16 is for CUDA (emulated on CPU); fp32 is IEEE float32 and "
+                             "fp32-tf32 float32 with TensorFloat-32 (on a GPU; the same as fp32 on a CPU)")
     parser.add_argument("--compiled", action="store_true",
                         help="also measure every configuration compiled: PyTorch --compile, TensorFlow --xla")
     parser.add_argument("--repeat", type=int, default=1,

@@ -97,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="automatic mixed precision: bfloat16 on CPU, float16 + loss scaling on CUDA")
     parser.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
                         help="override the AMP compute dtype (needs --amp)")
+    parser.add_argument("--tf32", choices=("auto", "on", "off"), default="auto",
+                        help="CUDA float32 matmuls and convolutions in TensorFloat-32, as the model "
+                             "scripts' --tf32 (auto: PyTorch's default); no effect on a CPU")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                         help="default cpu: the committed weights are the CPU run's, bit for bit")
     parser.add_argument("--data-limit", type=int, help="train on the first N training images only")
@@ -153,7 +156,8 @@ def accuracy(net: MnistFeatureNet, inputs: torch.Tensor, labels: torch.Tensor, r
 def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, dict]:
     """The trained net and the run's measurements (precision, s/epoch, peak memory, test accuracy)."""
     runtime = torch_runtime.setup(RunConfig(model="mnist_feature_net", framework="pytorch", amp=args.amp,
-                                            amp_dtype=args.amp_dtype, device=args.device, seed=args.seed))
+                                            amp_dtype=args.amp_dtype, tf32=args.tf32, device=args.device,
+                                            seed=args.seed))
     device, dtype, scaler = runtime.device, runtime.compute_dtype, runtime.scaler
     order_rng = np.random.default_rng(args.seed)
     test_limit = args.test_limit or (max(1, args.data_limit // 6) if args.data_limit else None)
@@ -192,7 +196,8 @@ def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, dict]:
               f"{total_loss.item() / len(order):.4f}, test accuracy {test_accuracy:.4f}", flush=True)
     machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
                else f"{cpu.summary()}, {torch.get_num_threads()} thread(s)")
-    return net, {"precision": runtime.precision, "device": device.type, "machine": machine,
+    return net, {"precision": runtime.precision, "tf32": args.tf32 if device.type == "cuda" else "-",
+                 "device": device.type, "machine": machine,
                  "torch": torch.__version__, "epochs": args.epochs, "batch_size": args.batch_size,
                  "train_images": len(inputs), "test_images": len(test_inputs), "epoch_seconds": epoch_seconds,
                  "median_epoch_s": statistics.median(epoch_seconds), "peak_memory_mb": runtime.peak_memory_mb(),
@@ -202,7 +207,8 @@ def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, dict]:
 def markdown(results: list[dict]) -> str:
     """The side-by-side table, and under it what it was measured on."""
     lines = ["| precision | median s/epoch | peak memory MB | test accuracy |", "|---|---|---|---|"]
-    lines += [f"| {r['precision']} | {r['median_epoch_s']:.2f} | {r['peak_memory_mb']:.0f} | {r['test_accuracy']:.4f} |"
+    label = lambda r: r["precision"] + (f", TF32 {r['tf32']}" if r.get("tf32", "-") != "-" else "")  # GPU rows
+    lines += [f"| {label(r)} | {r['median_epoch_s']:.2f} | {r['peak_memory_mb']:.0f} | {r['test_accuracy']:.4f} |"
               for r in results]
     first = results[0]
     memory = ("torch.cuda.max_memory_allocated" if first["device"] == "cuda"

@@ -20,6 +20,47 @@ def _isolated_cache(tmp_path_factory):
         os.environ["AMPGEN_CACHE"] = previous
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` run where PyTorch sees a CUDA GPU and are skipped elsewhere."""
+    needs_gpu = [item for item in items if item.get_closest_marker("cuda")]
+    if needs_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            for item in needs_gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+def cuda_param(*values):
+    """A parametrize value that runs only on a CUDA GPU: cuda_param("cuda")."""
+    return pytest.param(*values, marks=pytest.mark.cuda, id=str(values[0]))
+
+
+def checkpoint_arrays(path):
+    """Every tensor of a checkpoint as numpy, keyed by name, whichever the framework (a CUDA
+    run's tensors read onto the CPU)."""
+    import numpy as np
+
+    if path.suffix == ".npz":
+        with np.load(path) as stored:
+            return {k: stored[k] for k in stored.files if not k.startswith("meta/")}
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    arrays = {}
+    for group in ("modules", "optimizers"):
+        for name, sub in state[group].items():
+            flat = sub if group == "modules" else {
+                f"{i}/{k}": v for i, slot in sub["state"].items() for k, v in slot.items()}
+            arrays.update({f"{group}/{name}/{k}": v.numpy() for k, v in flat.items()
+                           if torch.is_tensor(v)})
+    for name, average in state["averages"].items():  # --ema-decay
+        arrays.update({f"averages/{name}/{k}": v.numpy() for k, v in average["module"].items()})
+        arrays[f"averages/{name}/updates"] = np.array(average["updates"])
+    arrays["rng"] = state["rng"]["cpu"].numpy()
+    return arrays
+
+
 def run_script(relative: str, *args: str, timeout: int = 300, env: dict | None = None):
     """Run a model script as a user would, from the repo root (in `env`, if given)."""
     import subprocess

@@ -282,10 +282,10 @@ class FakeScripts:
     """Stands in for the model scripts benchmark.py runs: records each command and writes the
     run folder's summary.json and config.json, with the step time `step_ms(command, call)`."""
 
-    def __init__(self, monkeypatch, step_ms=lambda command, call: 10.0):
+    def __init__(self, monkeypatch, step_ms=lambda command, call: 10.0, device="cpu"):
         from scripts import benchmark
 
-        self.commands, self.step_ms, self.real_run = [], step_ms, subprocess.run
+        self.commands, self.step_ms, self.real_run, self.device = [], step_ms, subprocess.run, device
         monkeypatch.setattr(benchmark.subprocess, "run", self)
 
     def __call__(self, command, **kwargs):
@@ -299,7 +299,8 @@ class FakeScripts:
             "median_step_ms": step_ms, "samples_per_s": 1000 / step_ms, "peak_memory_mb": 1.0, "skipped_steps": 0}))
         precision = {"bfloat16": "amp-bf16", "float16": "amp-fp16"}.get(
             command[command.index("--amp-dtype") + 1] if "--amp-dtype" in command else None, "fp32")
-        (out / "config.json").write_text(json.dumps({"precision": precision, "device": "cpu"}))
+        tf32 = command[command.index("--tf32") + 1] if "--tf32" in command else "auto"
+        (out / "config.json").write_text(json.dumps({"precision": precision, "device": self.device, "tf32": tf32}))
         return subprocess.CompletedProcess(command, 0, "", "")
 
 
@@ -331,6 +332,22 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--iters", "3", "--log-every", "2"])
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
+
+
+def test_benchmark_gpu_rows_name_tf32_and_fp32_is_ieee_float32(tmp_path, monkeypatch):
+    """On a GPU, float32 is measured with TensorFloat-32 off (fp32, the baseline) and on
+    (fp32-tf32), and the AMP rows with it off: they differ from fp32 by autocast alone."""
+    from scripts import benchmark
+
+    step_ms = {"fp32": 40.0, "fp32-tf32": 20.0, "amp-fp16": 10.0}
+    scripts = FakeScripts(monkeypatch, lambda command, call: list(step_ms.values())[call - 1], device="cuda:0")
+    assert benchmark.main(["--models", "dcgan", "--frameworks", "pytorch", "--precisions", *step_ms,
+                           "--iters", "8", "--log-every", "2", "--out", str(tmp_path)]) == 0
+    assert [command[command.index("--tf32") + 1] for command in scripts.commands] == ["off", "on", "off"]
+    rows = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
+    assert [(row["precision"], row["tf32"]) for row in rows] == [("fp32", "off"), ("fp32", "on"), ("amp-fp16", "off")]
+    assert [row.get("speedup") for row in rows] == [None, pytest.approx(2.0), pytest.approx(4.0)]
+    assert "| dcgan | pytorch | fp32 | on | - |" in (tmp_path / "benchmark.md").read_text()
 
 
 def test_benchmark_paper_dcgan_preset_runs_dcgan_at_64x64_width_64_and_flags_after_it_win(tmp_path, monkeypatch):

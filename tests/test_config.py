@@ -58,6 +58,39 @@ def test_amp_picks_bfloat16_on_cpu_and_float16_on_cuda():
     assert resolve_precision(forced, "cpu") == "amp-fp16"
 
 
+def test_tf32_flag_sets_both_frameworks_and_auto_leaves_their_defaults():
+    """--tf32 reaches the settings CUDA's float32 kernels read (set even on a CPU, which
+    ignores them), and is recorded in the run's config; auto touches nothing."""
+    import tensorflow as tf
+    import torch
+
+    from common.pytorch import runtime as torch_runtime
+    from common.tensorflow import runtime as tf_runtime
+
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision, tf.config.experimental.tensor_float_32_execution_enabled())
+    try:
+        torch_runtime.setup(parse("--tf32", "off", "--device", "cpu"), log=lambda *_: None)
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+        assert torch_runtime.set_tf32("auto") == "float32 matmuls ieee, convolutions ieee"
+        torch_runtime.setup(parse("--tf32", "on", "--device", "cpu"), log=lambda *_: None)
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+        torch_runtime.setup(parse("--device", "cpu"), log=lambda *_: None)
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")  # auto: as it was
+
+        tf_parse = lambda *argv: parse_args("vanilla_gan", "tensorflow", ["--device", "cpu", *argv])
+        tf_runtime.setup(tf_parse("--tf32", "off"), log=lambda *_: None)
+        assert not tf.config.experimental.tensor_float_32_execution_enabled()
+        tf_runtime.setup(tf_parse(), log=lambda *_: None)
+        assert tf_runtime.tf32_state() == "off"
+        tf_runtime.setup(tf_parse("--tf32", "on"), log=lambda *_: None)
+        assert tf.config.experimental.tensor_float_32_execution_enabled()
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved[:2]
+        tf.config.experimental.enable_tensor_float_32_execution(saved[2])
+    assert parse().tf32 == "auto" and '"tf32": "off"' in parse("--tf32", "off").to_json()
+
+
 def test_bfloat16_where_it_cannot_run_is_refused():
     cfg = RunConfig(model="m", framework="pytorch", amp=True, amp_dtype="bfloat16")
     with pytest.raises(UsageError, match="not supported"):

@@ -222,6 +222,16 @@ def test_precisions_print_the_side_by_side_table(training_script, tmp_path):
     assert "avx512_bf16" in table_path.read_text() and not training_script.DEFAULT_WEIGHTS.exists()
 
 
+def test_gpu_rows_of_the_table_say_whether_float32_used_tf32(training_script):
+    """--precisions fp32 fp32-tf32 on a GPU: the two float32 rows differ by TensorFloat-32."""
+    measured = dict(device="cuda", machine="GPU", torch="2", epochs=1, train_images=10, batch_size=2,
+                    test_images=5, median_epoch_s=1.0, peak_memory_mb=1.0, test_accuracy=0.5)
+    table = training_script.markdown([{**measured, "precision": "fp32", "tf32": "off"},
+                                      {**measured, "precision": "fp32", "tf32": "on"}])
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:4]] == ["fp32, TF32 off", "fp32, TF32 on"]
+    assert "--tf32" in training_script.TABLE_PRECISIONS["fp32-tf32"]
+
+
 @pytest.mark.parametrize("flags", [["--amp-dtype", "float16"], ["--precisions", "fp32", "--amp"],
                                    ["--table-out", "table.md"], ["--data-limit", "0"], ["--precisions", "fp64"],
                                    ["--device", "tpu"]])

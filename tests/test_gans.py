@@ -223,25 +223,6 @@ def test_width_flag_sets_dcgan_channels_in_both_frameworks_and_is_part_of_the_ru
     assert "width: 8 -> 16" in capsys.readouterr().err
 
 
-def test_pytorch_dcgan_weights_and_batches_are_channels_last_on_every_device():
-    """oneDNN's CPU convolutions, like tensor cores, run fastest on NHWC: the networks' conv
-    weights and the image batches are stored channels_last, on CPU too."""
-    from common.config import parse_args
-    from common.pytorch.data import load_data
-    from common.pytorch.runtime import setup
-
-    cfg = parse_args("dcgan", "pytorch", ["--data-limit", "64", "--device", "cpu"])
-    runtime = setup(cfg, log=lambda *_: None)
-    data = load_data(cfg, runtime, dcgan_hparams.PIXEL_RANGE)
-    batch = data.batch(torch.arange(4))
-    assert batch.shape == (4, 1, 28, 28) and batch.is_contiguous(memory_format=torch.channels_last)
-    assert batch.stride()[1] == 1  # channels innermost (with one channel NCHW would also be "contiguous")
-    discriminator = runtime.place(dcgan_pytorch.Discriminator(data.sample_shape, cfg.width))
-    kernels = [p for p in discriminator.parameters() if p.dim() == 4]
-    assert kernels and all(p.is_contiguous(memory_format=torch.channels_last) and p.stride()[1] == 1
-                           for p in kernels)
-
-
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_mlp_gan_discriminator_judges_points_in_packs_and_images_one_by_one(framework):
     """PacGAN (hparams.POINT_PACK): on 2-D points D gives one logit for each pack of

@@ -5,13 +5,15 @@ Runs the shared GAN step with float16 AMP on CPU (slow there, fine for a tiny ML
 points) and makes the discriminator's loss infinite for exactly one step.
 """
 import numpy as np
+import pytest
 
 from common.config import LOSS_SCALE_INIT, RunConfig
+from tests.conftest import cuda_param
 
 
-def make_cfg(framework):
+def make_cfg(framework, device="auto"):
     return RunConfig(model="vanilla_gan", framework=framework, amp=True, amp_dtype="float16",
-                     batch_size=16, dataset="ring8", data_limit=64, seed=1)
+                     batch_size=16, dataset="ring8", data_limit=64, seed=1, device=device)
 
 
 class Poison:
@@ -25,7 +27,8 @@ class Poison:
         return loss + self.infinity(real_logits) if self.armed else loss
 
 
-def test_gradscaler_skips_the_step_and_halves_the_scale():
+@pytest.mark.parametrize("device", ["cpu", cuda_param("cuda")])
+def test_gradscaler_skips_the_step_and_halves_the_scale(device):
     import torch
 
     from common.pytorch.data import load_data
@@ -34,13 +37,15 @@ def test_gradscaler_skips_the_step_and_halves_the_scale():
     from GAN.gan_step_pytorch import GAN
     from GAN.vanilla_gan import gan_pytorch as model
 
-    cfg = make_cfg("pytorch")
+    cfg = make_cfg("pytorch", device)
     runtime = setup(cfg, log=lambda *_: None)
     assert runtime.scaler.is_enabled() and runtime.compute_dtype == torch.float16
+    assert runtime.device.type == device
     data = load_data(cfg, runtime, model.hparams.PIXEL_RANGE)
     poison = Poison(model.discriminator_loss, lambda logits: logits.float().sum() * float("inf"))
     gan = GAN(model.Generator(data.sample_shape, cfg.width), model.Discriminator(data.sample_shape, cfg.width), poison,
               model.generator_loss, model.hparams.Z_DIM, cfg, runtime, data)
+    assert all(p.device.type == device for p in gan.discriminator.parameters())
     session = Session(gan, data, runtime)
     step = lambda: session.train_step(torch.arange(16))["skipped"].item()
 

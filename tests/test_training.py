@@ -7,10 +7,10 @@ import signal
 
 import numpy as np
 import pytest
-import torch
 
 from common.runs import RunFolder
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+from tests.conftest import checkpoint_arrays
 
 SCRIPTS = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}
 TINY = ["--batch-size", "32", "--data-limit", "256", "--log-every", "2"]
@@ -27,26 +27,6 @@ def expect_exit(code, message, capsys, framework, out, *extra):
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == code
     assert err.startswith("error: ") and message in err and "\n" not in err, err
-
-
-def checkpoint_arrays(path):
-    """Every tensor of a checkpoint as numpy, keyed by name, whichever the framework."""
-    if path.suffix == ".npz":
-        with np.load(path) as stored:
-            return {k: stored[k] for k in stored.files if not k.startswith("meta/")}
-    state = torch.load(path, weights_only=True)
-    arrays = {}
-    for group in ("modules", "optimizers"):
-        for name, sub in state[group].items():
-            flat = sub if group == "modules" else {
-                f"{i}/{k}": v for i, slot in sub["state"].items() for k, v in slot.items()}
-            arrays.update({f"{group}/{name}/{k}": v.numpy() for k, v in flat.items()
-                           if torch.is_tensor(v)})
-    for name, average in state["averages"].items():  # --ema-decay
-        arrays.update({f"averages/{name}/{k}": v.numpy() for k, v in average["module"].items()})
-        arrays[f"averages/{name}/updates"] = np.array(average["updates"])
-    arrays["rng"] = state["rng"]["cpu"].numpy()
-    return arrays
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
@@ -260,6 +240,7 @@ def test_profile_writes_a_trace_and_a_table_of_top_operations(framework, trace_g
     assert len(traces) == 1 and traces[0].stat().st_size > 1000
     table = (out / "profile" / "top_ops.txt").read_text()
     assert table in stdout + "\n"
+    assert table.startswith(f"top operations by self {'CPU' if framework == 'pytorch' else 'host'} time over 10")
     rows = [line.split() for line in table.splitlines()[2:]]
     calls = {row[0]: float(row[-3]) for row in rows}
     shares = [float(row[-1].rstrip("%")) for row in rows]

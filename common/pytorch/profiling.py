@@ -12,6 +12,7 @@ from common.profiling import OperationRow
 class Profiler:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.clock = "CUDA kernel time" if self.cuda else "CPU time"
         self._profiler = None
 
     def start(self, folder: Path):

@@ -253,8 +253,13 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    tf32 = set_tf32(cfg.tf32)
     if use_cuda:
+        # Set, not assumed: a CPU run earlier in the same process turned determinism on, and
+        # CUDA's cuBLAS refuses it without CUBLAS_WORKSPACE_CONFIG.
+        torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN pick the fastest kernels
+        torch.cuda.reset_peak_memory_stats(device)  # this run's peak, whatever ran before in the process
     else:
         torch.use_deterministic_algorithms(True)  # makes --resume bit-exact
         # ...but without its debugging aid of NaN-filling every new tensor, which made the
@@ -269,10 +274,24 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     warn_if_bf16_emulated(precision, device.type, log)
     across = f" | {replicas.count} replicas (DDP, {'NCCL' if use_cuda else 'gloo'})" if replicas.count > 1 else ""
     log(f"{cfg.model} | pytorch {torch.__version__} | {device} | "
-        f"{describe_precision(precision, device.type)}{across}")
+        f"{describe_precision(precision, device.type)}{f' | {tf32}' if use_cuda else ''}{across}")
     return Runtime(device, precision, amp.COMPUTE_DTYPES[precision],
                    amp.make_grad_scaler(cfg, device.type, precision), cfg.clip_grad_norm,
                    replicas, cfg.sync_bn)
+
+
+def set_tf32(mode: str) -> str:
+    """--tf32: let CUDA's float32 matmuls and cuDNN's convolutions round their inputs to
+    TensorFloat-32 ("on"), or not ("off"); "auto" keeps PyTorch's defaults (matmuls IEEE
+    float32, convolutions TF32). The settings are the process's; a CPU ignores them.
+    Returns what holds now, for the log line."""
+    if mode != "auto":
+        # torch >= 2.9's API; mixing it with the older allow_tf32 flags is an error
+        precision = "tf32" if mode == "on" else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+    matmul = "tf32" if torch.backends.cuda.matmul.fp32_precision == "tf32" else "ieee"
+    return f"float32 matmuls {matmul}, convolutions {torch.backends.cudnn.conv.fp32_precision}"
 
 
 def _silent(*args, **kwargs):

@@ -13,6 +13,8 @@ from common.profiling import OperationRow
 
 
 class Profiler:
+    clock = "host time"  # the ops' time on the host's threads: on a CPU, all of it
+
     def start(self, folder: Path):
         tf.profiler.experimental.start(str(folder))
 

@@ -313,6 +313,8 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         bf16_supported = capability >= (8, 0)
     precision = resolve_precision(cfg, device_type, bf16_supported)
 
+    if cfg.tf32 != "auto":  # TensorFloat-32 on NVIDIA GPUs since Ampere (TensorFlow's default: on)
+        tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
     keras.utils.set_random_seed(cfg.seed)  # Python, numpy and TensorFlow
     tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
     keras.mixed_precision.set_global_policy(amp.POLICIES[precision])  # before any layer is built
@@ -321,8 +323,13 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
               f"{f', {replicas.workers} workers' if replicas.workers > 1 else ''})" if cfg.distribute else "")
     log(f"{cfg.model} | {describe_tensorflow()} | "
         f"{device_type} | {describe_precision(precision, device_type)} | "
+        f"{f'TF32 {tf32_state()} | ' if device_type == 'cuda' else ''}"
         f"policy {amp.POLICIES[precision]}{across}")
     return Runtime(device_type, precision, replicas, cfg.sync_bn)
+
+
+def tf32_state() -> str:
+    return "on" if tf.config.experimental.tensor_float_32_execution_enabled() else "off"
 
 
 def _silent(*args, **kwargs):
