@@ -58,6 +58,8 @@ def checkpoint_arrays(path):
         arrays.update({f"averages/{name}/{k}": v.numpy() for k, v in average["module"].items()})
         arrays[f"averages/{name}/updates"] = np.array(average["updates"])
     arrays["rng"] = state["rng"]["cpu"].numpy()
+    if "cuda" in state["rng"]:
+        arrays["rng_cuda"] = state["rng"]["cuda"].numpy()
     return arrays
 
 

@@ -290,8 +290,16 @@ def set_tf32(mode: str) -> str:
         precision = "tf32" if mode == "on" else "ieee"
         torch.backends.cuda.matmul.fp32_precision = precision
         torch.backends.cudnn.conv.fp32_precision = precision
-    matmul = "tf32" if torch.backends.cuda.matmul.fp32_precision == "tf32" else "ieee"
-    return f"float32 matmuls {matmul}, convolutions {torch.backends.cudnn.conv.fp32_precision}"
+    backends = torch.backends
+    # "none" defers to the level above; at the top, PyTorch's defaults
+    matmul = _first_set(backends.cuda.matmul.fp32_precision, backends.fp32_precision, default="ieee")
+    conv = _first_set(backends.cudnn.conv.fp32_precision, backends.cudnn.fp32_precision, backends.fp32_precision,
+                      default="tf32")
+    return f"float32 matmuls {matmul}, convolutions {conv}"
+
+
+def _first_set(*levels: str, default: str) -> str:
+    return next((level for level in levels if level != "none"), default)
 
 
 def _silent(*args, **kwargs):
