@@ -500,3 +500,35 @@ def test_host_loader_trains_on_the_same_batches_as_the_resident_data(framework, 
     assert history("loaded") and [(r["d_loss"], r["g_loss"]) for r in history("loaded")] == [
         (r["d_loss"], r["g_loss"]) for r in history("resident")]
     assert loaded["final"] == resident["final"] == resumed["final"]
+
+
+# --- scripts/bf16_rounding.py: how each framework rounds its bfloat16 results ---------------
+
+def test_rounding_tells_rounding_to_nearest_from_dropping_the_low_bits():
+    import numpy as np
+
+    from scripts import bf16_rounding
+
+    pairs, exact = bf16_rounding.test_inputs(20_000)
+    assert np.array_equal(bf16_rounding.to_bfloat16(pairs), pairs)  # inputs exact in bfloat16
+    exact32 = exact.astype(np.float32)
+    nearest = bf16_rounding.rounding(bf16_rounding.to_bfloat16(exact32), exact)
+    truncated = bf16_rounding.rounding((exact32.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32), exact)
+    assert nearest["verdict"] == "to nearest" and abs(nearest["toward_sign"]) < 1e-4
+    assert truncated["verdict"] == "toward zero" and truncated["error"] > 1.8 * nearest["error"]
+    assert bf16_rounding.rounding(exact, exact)["verdict"] == "exact"
+    # ties go to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7
+    assert bf16_rounding.to_bfloat16(np.array([1 + 2**-8, 1 + 3 * 2**-8], np.float32)).tolist() == [1.0, 1 + 2**-6]
+
+
+def test_bf16_rounding_script_measures_both_frameworks_casts_as_rounded_to_nearest(capsys):
+    from scripts import bf16_rounding
+
+    assert bf16_rounding.main(["--count", "5000"]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| pytorch")
+            or line.startswith("| tensorflow")]
+    ops = {(row[0].strip("| "), row[1]): row[-1].strip(" |") for row in rows}
+    assert len(ops) == 11 and set(ops.values()) <= {"to nearest", "toward zero", "biased"}
+    # every framework's float32 -> bfloat16 cast rounds to nearest, on every CPU
+    cast = "cast (float32 sum -> bfloat16)"
+    assert ops[("pytorch", cast)] == ops[("tensorflow", cast)] == "to nearest"
