@@ -19,7 +19,6 @@ table names the CPU.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import cpu
+from common import cpu, quiet
 from common.errors import exit_on_user_error
 
 SECOND_WEIGHT = 0.333984375  # 1/3 to bfloat16's precision: exact in bfloat16, so only the sum is rounded
@@ -64,7 +63,6 @@ def rounding(result: np.ndarray, exact: np.ndarray) -> dict:
 
 def pytorch_ops(pairs: np.ndarray) -> dict:
     import torch
-    torch.set_num_threads(1)
     x = torch.from_numpy(pairs).bfloat16()
     weight = torch.tensor([[1.0, SECOND_WEIGHT]]).bfloat16()
     image = x.T.reshape(1, 2, -1, 1)  # [1, 2 channels, count, 1]
@@ -83,9 +81,8 @@ def _autocast_linear(torch, x, weight):
 
 
 def tensorflow_ops(pairs: np.ndarray) -> dict:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet.quiet_tensorflow_start()
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
     x = tf.constant(pairs, tf.bfloat16)
     weight = tf.constant([[1.0], [SECOND_WEIGHT]], tf.bfloat16)
     image = tf.reshape(x, (1, -1, 1, 2))  # NHWC, 2 channels
