@@ -509,7 +509,7 @@ def test_rounding_tells_rounding_to_nearest_from_dropping_the_low_bits():
 
     from scripts import bf16_rounding
 
-    pairs, exact = bf16_rounding.test_inputs(20_000)
+    pairs, exact = bf16_rounding.sample_pairs(20_000)
     assert np.array_equal(bf16_rounding.to_bfloat16(pairs), pairs)  # inputs exact in bfloat16
     exact32 = exact.astype(np.float32)
     nearest = bf16_rounding.rounding(bf16_rounding.to_bfloat16(exact32), exact)
