@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import cpu, quiet
-from common.errors import exit_on_user_error
+from common import cpu, models, quiet
+from common.errors import UsageError, exit_on_user_error
 
 SECOND_WEIGHT = 0.333984375  # 1/3 to bfloat16's precision: exact in bfloat16, so only the sum is rounded
 
@@ -71,13 +71,9 @@ def pytorch_ops(pairs: np.ndarray) -> dict:
         "add (x1 + x2*c, elementwise)": lambda: x[:, 0] + x[:, 1] * SECOND_WEIGHT,
         "matmul (nn.Linear)": lambda: torch.nn.functional.linear(x, weight),
         "conv2d 1x1": lambda: torch.nn.functional.conv2d(image, weight.reshape(1, 2, 1, 1)),
-        "matmul under autocast": lambda: _autocast_linear(torch, x.float(), weight.float()),
+        "matmul under autocast": torch.autocast("cpu", dtype=torch.bfloat16)(
+            lambda: torch.nn.functional.linear(x.float(), weight.float())),
     }
-
-
-def _autocast_linear(torch, x, weight):
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        return torch.nn.functional.linear(x, weight)
 
 
 def tensorflow_ops(pairs: np.ndarray) -> dict:
@@ -119,10 +115,12 @@ def table(rows: list[dict]) -> str:
 @exit_on_user_error
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frameworks", nargs="+", choices=["pytorch", "tensorflow"], default=["pytorch", "tensorflow"])
-    parser.add_argument("--count", type=int, default=200_000, help="sums per op")
+    parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
+    parser.add_argument("--count", type=int, default=200_000, help="sums per op (at least 1,000)")
     args = parser.parse_args(argv)
-    pairs, exact = sample_pairs(max(args.count, 1000))
+    if args.count < 1000:
+        raise UsageError("--count must be at least 1,000: fewer sums cannot tell the roundings apart")
+    pairs, exact = sample_pairs(args.count)
     rows = [row for framework in args.frameworks for row in measure(framework, pairs, exact)]
     print(f"CPU: {cpu.summary()}\n")
     print(table(rows))

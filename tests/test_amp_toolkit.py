@@ -532,3 +532,6 @@ def test_bf16_rounding_script_measures_both_frameworks_casts_as_rounded_to_neare
     # every framework's float32 -> bfloat16 cast rounds to nearest, on every CPU
     cast = "cast (float32 sum -> bfloat16)"
     assert ops[("pytorch", cast)] == ops[("tensorflow", cast)] == "to nearest"
+    with pytest.raises(SystemExit) as exit_info:
+        bf16_rounding.main(["--count", "10"])
+    assert exit_info.value.code == 2 and "--count must be at least 1,000" in capsys.readouterr().err
