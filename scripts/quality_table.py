@@ -5,20 +5,27 @@ each run's quality, and print one table: is AMP's quality as good as float32's?
     python scripts/quality_table.py --models dcgan vanilla_vae        # some models
     python scripts/quality_table.py --models dcgan --iters 200 --samples 1000   # a quick look
     python scripts/quality_table.py --precisions fp32                 # AMP rows left out
+    python scripts/quality_table.py --models vanilla_gan --seeds 0 1 2 3   # spread against precision
 
-Runs go to <runs>/<model>/<dataset>/<framework>-<precision> (default --runs runs/quality), one
-fresh process each, trained with the model's own defaults and `--evaluate N`. Run it again
-and finished runs are reused, stopped ones continued (--resume), finished ones without metrics
-measured (scripts/evaluate.py); --overwrite trains everything again. The GANs with MLPs also
-train on the 2-D mixtures (ring8, grid25), where mode coverage is the metric. The first row
-is the real-data floor (MNIST train vs test). The table is printed and written to
-<runs>/quality_table.md and .json; the "FID vs fp32" column is AMP's FID over float32's (with
---precisions amp alone, over the float32 run of the same settings measured before, if any).
+Runs go to <runs>/<model>/<dataset>/<framework>-<precision> (default --runs runs/quality; seeds
+other than 0 add -seed<S>), one fresh process each, trained with the model's own defaults and
+`--evaluate N`. Run it again and finished runs are reused, stopped ones continued (--resume),
+finished ones without metrics measured (scripts/evaluate.py); --overwrite trains everything
+again. The GANs with MLPs also train on the 2-D mixtures (ring8, grid25), where mode coverage
+is the metric. The first row is the real-data floor (MNIST train vs test). The table is
+printed and written to <runs>/quality_table.md and .json; the "FID vs fp32" column is AMP's FID
+over float32's (with --precisions amp alone, over the float32 run of the same settings measured
+before, if any).
+With more than one --seeds, each pair's rows are followed by their mean and standard deviation
+over the seeds, and that row's "FID vs fp32" is the ratio of the mean FIDs: one GAN run's FID
+moves by about 10% from seed to seed, as much as the 10% AMP is allowed, so one pair cannot
+tell AMP's cost from chance.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -37,16 +44,16 @@ COLUMNS = (("fid", "FID", 2), ("precision", "precision", 3), ("recall", "recall"
            ("high_quality", "high quality", 3), ("test_elbo", "test ELBO", 1))
 
 
-def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool) -> Path:
+def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool, seed: int = 0) -> Path:
     # The folder names the precision AMP gets on this machine's CPU; config.json says which ran.
-    return runs / model / dataset / f"{framework}-{'amp' if amp else 'fp32'}"
+    return runs / model / dataset / f"{framework}-{'amp' if amp else 'fp32'}{f'-seed{seed}' if seed else ''}"
 
 
-def training_settings(model: str, dataset: str, framework: str, amp: bool, args) -> dict:
+def training_settings(model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict:
     """What shapes the weights of the run `ensure` would start (the settings --resume holds
     fixed, and --iters): the model's and the dataset's defaults under this script's flags. A
     run that differs in one (another --iters, or a default changed since it ran) is not reused."""
-    cfg = parse_args(model, framework, ["--dataset", dataset, *(["--amp"] if amp else []),
+    cfg = parse_args(model, framework, ["--dataset", dataset, "--seed", str(seed), *(["--amp"] if amp else []),
                                         *(["--iters", str(args.iters)] if args.iters else [])])
     return {name: getattr(cfg, name) for name in ("iters", *RESUME_KEYS)}
 
@@ -68,7 +75,7 @@ def measured_float32_fid(folder: Path, wanted: dict) -> float | None:
     return summary.get("metrics", {}).get("fid")
 
 
-def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args) -> dict | None:
+def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict | None:
     """Train and/or evaluate one run as needed; return its summary (with --table-only: the
     summary of a finished, measured run, else None)."""
     summary_path = folder / "summary.json"
@@ -82,7 +89,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             extra = ["--overwrite"]
         else:
             config = json.loads((folder / "config.json").read_text())
-            differences = settings_differences(config, training_settings(model, dataset, framework, amp, args))
+            differences = settings_differences(config, training_settings(model, dataset, framework, amp, args, seed))
             if differences:
                 raise UsageError(f"{folder} holds a run of other settings ({'; '.join(differences)}); "
                                  "--overwrite to train it again, or --runs for another folder")
@@ -94,7 +101,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             # A run stopped before its first checkpoint has nothing to resume: start it over.
             extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
     command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder),
-               "--dataset", dataset, "--evaluate", str(args.samples), *extra,
+               "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,
                *(["--amp"] if amp else []), *(["--iters", str(args.iters)] if args.iters else []),
                *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
@@ -104,20 +111,75 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     return json.loads(summary_path.read_text())
 
 
-def cell(value, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict], dict[int, float]]:
+    """A row for each run of one model, dataset and framework (each seed's float32, then AMP),
+    trained and measured as needed, and float32's FID per seed (measured before, under
+    --precisions amp alone)."""
+    rows, fp32_fids = [], {}
+    for seed in args.seeds:
+        if "fp32" not in args.precisions:
+            fid = measured_float32_fid(run_folder(args.runs, model, dataset, framework, False, seed),
+                                       training_settings(model, dataset, framework, False, args, seed))
+            if fid:
+                fp32_fids[seed] = fid
+        for amp in (False, True):
+            if ("amp" if amp else "fp32") not in args.precisions:
+                continue
+            folder = run_folder(args.runs, model, dataset, framework, amp, seed)
+            summary = ensure(folder, model, dataset, framework, amp, args, seed)
+            if summary is None:
+                continue
+            config = json.loads((folder / "config.json").read_text())
+            metrics = summary.get("metrics", {})
+            row = {"model": model, "dataset": dataset, "framework": framework, "precision": config["precision"],
+                   "seed": seed, "folder": str(folder), "steps": summary["step"], "metrics": metrics}
+            if amp and fp32_fids.get(seed) and metrics.get("fid") is not None:
+                row["fid_ratio"] = metrics["fid"] / fp32_fids[seed]
+            if not amp and metrics.get("fid"):
+                fp32_fids[seed] = metrics["fid"]
+            rows.append(row)
+    return rows, fp32_fids
 
 
-def markdown(rows: list[dict]) -> str:
+def seed_means(seed_rows: list[dict], fp32_fids: dict[int, float]) -> list[dict]:
+    """One row per precision: the mean of each metric over the seeds' runs (their standard
+    deviation in "spread"); AMP's "fid_ratio" is its mean FID over float32's, both over the
+    seeds that have the two."""
+    means = []
+    for precision in dict.fromkeys(row["precision"] for row in seed_rows):
+        runs = [row for row in seed_rows if row["precision"] == precision]
+        shared = [key for key, value in runs[0]["metrics"].items() if isinstance(value, (int, float))
+                  and all(isinstance(row["metrics"].get(key), (int, float)) for row in runs)]
+        values = {key: [row["metrics"][key] for row in runs] for key in shared}
+        mean = {**{key: value for key, value in runs[0].items() if key not in ("seed", "folder", "fid_ratio")},
+                "seed": f"mean of {len(runs)}", "seeds": [row["seed"] for row in runs],
+                "metrics": {key: statistics.fmean(v) for key, v in values.items()},
+                "spread": {key: statistics.stdev(v) for key, v in values.items() if len(v) > 1}}
+        paired = [row for row in runs if row["seed"] in fp32_fids and row["metrics"].get("fid") is not None]
+        if precision != "fp32" and paired:
+            mean["fid_ratio"] = (statistics.fmean(row["metrics"]["fid"] for row in paired)
+                                 / statistics.fmean(fp32_fids[row["seed"]] for row in paired))
+        means.append(mean)
+    return means
+
+
+def cell(value, digits: int, spread=None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" + ("" if spread is None else f" ± {spread:.{digits}f}")
+
+
+def markdown(rows: list[dict], seed_column: bool = False) -> str:
     iwae = sorted({k for row in rows for k in row["metrics"] if k.startswith("test_iwae")})
-    header = ["model", "data", "framework", "precision", *(title for _, title, _ in COLUMNS),
-              *(k.replace("test_iwae_", "IWAE ") for k in iwae), "FID vs fp32"]
+    header = ["model", "data", "framework", "precision", *(["seed"] if seed_column else []),
+              *(title for _, title, _ in COLUMNS), *(k.replace("test_iwae_", "IWAE ") for k in iwae), "FID vs fp32"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        metrics = row["metrics"]
+        metrics, spread = row["metrics"], row.get("spread", {})
         cells = [row["model"], row["dataset"], row["framework"], row["precision"],
-                 *(cell(metrics.get(key), digits) for key, _, digits in COLUMNS),
-                 *(cell(metrics.get(key), 1) for key in iwae), cell(row.get("fid_ratio"), 2)]
+                 *([str(row.get("seed", "-"))] if seed_column else []),
+                 *(cell(metrics.get(key), digits, spread.get(key)) for key, _, digits in COLUMNS),
+                 *(cell(metrics.get(key), 1, spread.get(key)) for key in iwae), cell(row.get("fid_ratio"), 2)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -132,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "amp"), default=["fp32", "amp"],
                         help="fp32 alone where AMP is slow to train (bfloat16 emulated on an AVX2-only CPU)")
     parser.add_argument("--iters", type=int, help="override every model's default budget")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+                        help="train each run once per seed; with two or more, their means and spread follow")
     parser.add_argument("--samples", type=int, default=10_000, help="generated samples per run")
     parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
     parser.add_argument("--runs", type=Path, default=Path("runs/quality"))
@@ -141,6 +205,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.samples < 10 or (args.iters is not None and args.iters < 1):
         raise UsageError("--samples must be at least 10 and --iters at least 1")
+    if min(args.seeds) < 0 or len(set(args.seeds)) != len(args.seeds):
+        raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds, none negative")
 
     from common import evaluation
 
@@ -151,27 +217,11 @@ def main(argv=None) -> int:
         takes = ("mnist",) if models.MODELS[model].images_only else DATASETS
         for dataset in (d for d in takes if d in args.datasets):
             for framework in args.frameworks:
-                fp32_fid = None
-                if "fp32" not in args.precisions:
-                    fp32_fid = measured_float32_fid(run_folder(args.runs, model, dataset, framework, False),
-                                                    training_settings(model, dataset, framework, False, args))
-                for amp in (False, True):
-                    if ("amp" if amp else "fp32") not in args.precisions:
-                        continue
-                    folder = run_folder(args.runs, model, dataset, framework, amp)
-                    summary = ensure(folder, model, dataset, framework, amp, args)
-                    if summary is None:
-                        continue
-                    config = json.loads((folder / "config.json").read_text())
-                    metrics = summary.get("metrics", {})
-                    row = {"model": model, "dataset": dataset, "framework": framework,
-                           "precision": config["precision"], "folder": str(folder),
-                           "steps": summary["step"], "metrics": metrics}
-                    if amp and fp32_fid and metrics.get("fid") is not None:
-                        row["fid_ratio"] = metrics["fid"] / fp32_fid
-                    fp32_fid = metrics.get("fid") if not amp else fp32_fid
-                    rows.append(row)
-    table = markdown(rows)
+                runs, fp32_fids = seed_runs(model, dataset, framework, args)
+                rows += runs
+                if len(args.seeds) > 1 and runs:
+                    rows += seed_means(runs, fp32_fids)
+    table = markdown(rows, seed_column=len(args.seeds) > 1)
     args.runs.mkdir(parents=True, exist_ok=True)
     atomic_write(args.runs / "quality_table.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.runs / "quality_table.json",

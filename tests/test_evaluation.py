@@ -181,3 +181,35 @@ def test_quality_table_trains_only_the_precisions_asked_for(tmp_path):
     amp = json.loads((tmp_path / "quality_table.json").read_text())["rows"][1]
     assert (fp32["precision"], amp["precision"]) == ("fp32", "amp-bf16")
     assert amp["fid_ratio"] == pytest.approx(amp["metrics"]["fid"] / fp32["metrics"]["fid"])
+
+
+def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_path, capsys):
+    import statistics
+
+    from scripts import quality_table
+
+    argv = ["--models", "lsgan", "--frameworks", "pytorch", "--datasets", "mnist", "--iters", "2",
+            "--samples", "50", "--runs", str(tmp_path), "--seeds", "0", "3"]
+    assert quality_table.main(argv) == 0
+    rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"][1:]
+    assert [(r["precision"], r["seed"]) for r in rows] == [
+        ("fp32", 0), ("amp-bf16", 0), ("fp32", 3), ("amp-bf16", 3), ("fp32", "mean of 2"), ("amp-bf16", "mean of 2")]
+    seed3 = tmp_path / "lsgan" / "mnist" / "pytorch-fp32-seed3"
+    assert rows[2]["folder"] == str(seed3) and json.loads((seed3 / "config.json").read_text())["seed"] == 3
+    assert (tmp_path / "lsgan" / "mnist" / "pytorch-amp").is_dir()  # seed 0 keeps the one-seed layout
+    fid = {(r["precision"], r["seed"]): r["metrics"]["fid"] for r in rows}
+    assert fid["fp32", 0] != fid["fp32", 3]  # the seed reached the training
+    fp32_mean, amp_mean = rows[4], rows[5]
+    assert fp32_mean["metrics"]["fid"] == pytest.approx((fid["fp32", 0] + fid["fp32", 3]) / 2)
+    assert fp32_mean["spread"]["fid"] == pytest.approx(statistics.stdev([fid["fp32", 0], fid["fp32", 3]]))
+    assert amp_mean["fid_ratio"] == pytest.approx(
+        (fid["amp-bf16", 0] + fid["amp-bf16", 3]) / (fid["fp32", 0] + fid["fp32", 3]))
+    assert rows[3]["fid_ratio"] == pytest.approx(fid["amp-bf16", 3] / fid["fp32", 3])  # each seed's own pair
+    table = (tmp_path / "quality_table.md").read_text()
+    assert "| seed |" in table and f"| mean of 2 | {fp32_mean['metrics']['fid']:.2f} ± " in table
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        quality_table.main([*argv[:-2], "3", "3"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "distinct seeds" in err and "\n" not in err, err
