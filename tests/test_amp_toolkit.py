@@ -535,3 +535,34 @@ def test_bf16_rounding_script_measures_both_frameworks_casts_as_rounded_to_neare
     with pytest.raises(SystemExit) as exit_info:
         bf16_rounding.main(["--count", "10"])
     assert exit_info.value.code == 2 and "--count must be at least 1,000" in capsys.readouterr().err
+
+
+# --- scripts/amp_gradients.py: each framework's AMP gradients against its own float32 ones --
+
+@pytest.mark.parametrize("model, width", [("vanilla_gan", 8), ("dcgan", 4)])
+def test_amp_gradients_measures_each_framework_against_its_own_float32(model, width, capsys):
+    import torch
+
+    from common import models
+    from scripts import amp_gradients
+
+    result = amp_gradients.main(["--model", model, "--width", str(width), "--batch-size", "8", "--batches", "2"])
+    torch_script = models.get(model).module("pytorch")
+    torch.manual_seed(0)
+    expected = [(network, name) for network, module in torch_script.build_networks((1, 28, 28), width).items()
+                for name, _ in module.named_parameters()]
+    assert sorted((row["network"], row["name"]) for row in result["weights"]) == sorted(expected)
+    assert result["float32_norm_gap"] < 1e-2  # the same weights, ported: float32 agrees (unported: ~1)
+    for row in result["weights"]:  # bfloat16 really ran in both, and errs by its ~3 significant digits
+        assert 1e-5 < row["pytorch"] < 0.5 and 1e-5 < row["tensorflow"] < 0.5, row
+    table = capsys.readouterr().out
+    assert table.count(f"\n| {result['weights'][0]['network']} |") >= 1 and "float32 gradient norms" in table
+
+
+def test_amp_gradients_refuses_bad_flags_in_one_line(capsys):
+    from scripts import amp_gradients
+
+    with pytest.raises(SystemExit) as exit_info:
+        amp_gradients.main(["--batch-size", "1"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "--batch-size must be at least 2" in err and "\n" not in err, err
