@@ -77,12 +77,16 @@ def measured_float32_fid(folder: Path, wanted: dict) -> float | None:
 
 def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict | None:
     """Train and/or evaluate one run as needed; return its summary (with --table-only: the
-    summary of a finished, measured run, else None)."""
+    summary of a finished, measured run of today's settings, else None)."""
     summary_path = folder / "summary.json"
     if args.table_only:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         finished = summary.get("metrics") and not summary.get("stopped_early")
-        return summary if finished else None
+        if not finished:
+            return None
+        config = json.loads((folder / "config.json").read_text())
+        wanted = training_settings(model, dataset, framework, amp, args, seed)
+        return None if settings_differences(config, wanted) else summary
     extra = []
     if folder.exists() and any(folder.iterdir()):
         if args.overwrite:
@@ -113,8 +117,8 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
 
 def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict], dict[int, float]]:
     """A row for each run of one model, dataset and framework (each seed's float32, then AMP),
-    trained and measured as needed, and float32's FID per seed (measured before, under
-    --precisions amp alone)."""
+    trained and measured as needed; and float32's FID per seed, of this call's runs or, under
+    --precisions amp alone, of those measured before."""
     rows, fp32_fids = [], {}
     for seed in args.seeds:
         if "fp32" not in args.precisions:
@@ -142,23 +146,26 @@ def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict
 
 
 def seed_means(seed_rows: list[dict], fp32_fids: dict[int, float]) -> list[dict]:
-    """One row per precision: the mean of each metric over the seeds' runs (their standard
-    deviation in "spread"); AMP's "fid_ratio" is its mean FID over float32's, both over the
-    seeds that have the two."""
+    """One row per precision: each metric's mean and standard deviation ("spread") over the
+    seeds, and under AMP its mean FID over float32's. Where some seeds have an FID in both
+    precisions, only those count, so that the ratio is that of the means shown; a precision
+    left with fewer than two seeds gets no row."""
+    amp_seeds = {row["seed"] for row in seed_rows if row["precision"] != "fp32" and row["metrics"].get("fid")}
+    paired = amp_seeds & set(fp32_fids)
     means = []
     for precision in dict.fromkeys(row["precision"] for row in seed_rows):
-        runs = [row for row in seed_rows if row["precision"] == precision]
-        shared = [key for key, value in runs[0]["metrics"].items() if isinstance(value, (int, float))
-                  and all(isinstance(row["metrics"].get(key), (int, float)) for row in runs)]
-        values = {key: [row["metrics"][key] for row in runs] for key in shared}
-        mean = {**{key: value for key, value in runs[0].items() if key not in ("seed", "folder", "fid_ratio")},
-                "seed": f"mean of {len(runs)}", "seeds": [row["seed"] for row in runs],
+        runs = [row for row in seed_rows if row["precision"] == precision and (not paired or row["seed"] in paired)]
+        if len(runs) < 2:
+            continue
+        numbers = [key for key, value in runs[0]["metrics"].items() if isinstance(value, (int, float))
+                   and all(isinstance(row["metrics"].get(key), (int, float)) for row in runs)]
+        values = {key: [row["metrics"][key] for row in runs] for key in numbers}
+        mean = {"model": runs[0]["model"], "dataset": runs[0]["dataset"], "framework": runs[0]["framework"],
+                "precision": precision, "seed": None, "seeds": [row["seed"] for row in runs],
                 "metrics": {key: statistics.fmean(v) for key, v in values.items()},
-                "spread": {key: statistics.stdev(v) for key, v in values.items() if len(v) > 1}}
-        paired = [row for row in runs if row["seed"] in fp32_fids and row["metrics"].get("fid") is not None]
+                "spread": {key: statistics.stdev(v) for key, v in values.items()}}
         if precision != "fp32" and paired:
-            mean["fid_ratio"] = (statistics.fmean(row["metrics"]["fid"] for row in paired)
-                                 / statistics.fmean(fp32_fids[row["seed"]] for row in paired))
+            mean["fid_ratio"] = mean["metrics"]["fid"] / statistics.fmean(fp32_fids[seed] for seed in mean["seeds"])
         means.append(mean)
     return means
 
@@ -166,7 +173,16 @@ def seed_means(seed_rows: list[dict], fp32_fids: dict[int, float]) -> list[dict]
 def cell(value, digits: int, spread=None) -> str:
     if value is None:
         return "-"
-    return f"{value:.{digits}f}" + ("" if spread is None else f" ± {spread:.{digits}f}")
+    if spread is None:
+        return f"{value:.{digits}f}"
+    digits = max(digits, 1)  # a mean of counts (modes 24 and 25) has a half
+    return f"{value:.{digits}f} ± {spread:.{digits}f}"
+
+
+def seed_cell(row: dict) -> str:
+    if row.get("seeds"):
+        return f"mean of {len(row['seeds'])}"
+    return "-" if row.get("seed") is None else str(row["seed"])
 
 
 def markdown(rows: list[dict], seed_column: bool = False) -> str:
@@ -177,7 +193,7 @@ def markdown(rows: list[dict], seed_column: bool = False) -> str:
     for row in rows:
         metrics, spread = row["metrics"], row.get("spread", {})
         cells = [row["model"], row["dataset"], row["framework"], row["precision"],
-                 *([str(row.get("seed", "-"))] if seed_column else []),
+                 *([seed_cell(row)] if seed_column else []),
                  *(cell(metrics.get(key), digits, spread.get(key)) for key, _, digits in COLUMNS),
                  *(cell(metrics.get(key), 1, spread.get(key)) for key in iwae), cell(row.get("fid_ratio"), 2)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -205,11 +221,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.samples < 10 or (args.iters is not None and args.iters < 1):
         raise UsageError("--samples must be at least 10 and --iters at least 1")
-    if min(args.seeds) < 0 or len(set(args.seeds)) != len(args.seeds):
-        raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds, none negative")
+    if not all(0 <= seed < 2**32 for seed in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+        raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds from 0 to 2**32 - 1")
 
     from common import evaluation
 
+    several_seeds = len(args.seeds) > 1
     floor = evaluation.real_data_floor(min(args.samples, 10_000))
     rows = [{"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
              "precision": "-", "metrics": floor}]
@@ -219,9 +236,9 @@ def main(argv=None) -> int:
             for framework in args.frameworks:
                 runs, fp32_fids = seed_runs(model, dataset, framework, args)
                 rows += runs
-                if len(args.seeds) > 1 and runs:
+                if several_seeds:
                     rows += seed_means(runs, fp32_fids)
-    table = markdown(rows, seed_column=len(args.seeds) > 1)
+    table = markdown(rows, seed_column=args.seeds != [0])
     args.runs.mkdir(parents=True, exist_ok=True)
     atomic_write(args.runs / "quality_table.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.runs / "quality_table.json",

@@ -552,11 +552,19 @@ def test_amp_gradients_measures_each_framework_against_its_own_float32(model, wi
     expected = [(network, name) for network, module in torch_script.build_networks((1, 28, 28), width).items()
                 for name, _ in module.named_parameters()]
     assert sorted((row["network"], row["name"]) for row in result["weights"]) == sorted(expected)
-    assert result["float32_norm_gap"] < 1e-2  # the same weights, ported: float32 agrees (unported: ~1)
+    assert result["float32_gap"] < 2e-2  # the same weights, ported: float32 agrees
     for row in result["weights"]:  # bfloat16 really ran in both, and errs by its ~3 significant digits
         assert 1e-5 < row["pytorch"] < 0.5 and 1e-5 < row["tensorflow"] < 0.5, row
     table = capsys.readouterr().out
-    assert table.count(f"\n| {result['weights'][0]['network']} |") >= 1 and "float32 gradient norms" in table
+    assert sum(line.startswith(("| discriminator |", "| generator |")) for line in table.splitlines()) == len(expected)
+
+
+def test_amp_gradients_stops_when_the_twins_weights_do_not_pair_up(monkeypatch):
+    from scripts import amp_gradients
+
+    monkeypatch.setattr(amp_gradients, "torch_to_keras", lambda *args: None)  # each twin keeps its own init
+    with pytest.raises(RuntimeError, match="do not pair up"):
+        amp_gradients.measure("vanilla_gan", 8, batch_size=8, batches=1)
 
 
 def test_amp_gradients_refuses_bad_flags_in_one_line(capsys):

@@ -193,7 +193,7 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
     assert quality_table.main(argv) == 0
     rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"][1:]
     assert [(r["precision"], r["seed"]) for r in rows] == [
-        ("fp32", 0), ("amp-bf16", 0), ("fp32", 3), ("amp-bf16", 3), ("fp32", "mean of 2"), ("amp-bf16", "mean of 2")]
+        ("fp32", 0), ("amp-bf16", 0), ("fp32", 3), ("amp-bf16", 3), ("fp32", None), ("amp-bf16", None)]
     seed3 = tmp_path / "lsgan" / "mnist" / "pytorch-fp32-seed3"
     assert rows[2]["folder"] == str(seed3) and json.loads((seed3 / "config.json").read_text())["seed"] == 3
     assert (tmp_path / "lsgan" / "mnist" / "pytorch-amp").is_dir()  # seed 0 keeps the one-seed layout
@@ -207,6 +207,21 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
     assert rows[3]["fid_ratio"] == pytest.approx(fid["amp-bf16", 3] / fid["fp32", 3])  # each seed's own pair
     table = (tmp_path / "quality_table.md").read_text()
     assert "| seed |" in table and f"| mean of 2 | {fp32_mean['metrics']['fid']:.2f} ± " in table
+    classes, spread = fp32_mean["metrics"]["classes_covered"], fp32_mean["spread"]["classes_covered"]
+    assert f"| {classes:.1f} ± {spread:.1f} |" in table  # a mean of counts keeps a decimal
+
+    # AMP alone, from the runs there are: each seed against its own float32 run measured before
+    assert quality_table.main([*argv, "--precisions", "amp", "--table-only"]) == 0
+    amp_rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"][1:]
+    assert [r["seed"] for r in amp_rows] == [0, 3, None]
+    assert amp_rows[1]["fid_ratio"] == pytest.approx(fid["amp-bf16", 3] / fid["fp32", 3])
+    assert amp_rows[2]["fid_ratio"] == pytest.approx(amp_mean["fid_ratio"])
+
+    # A seed without its float32 run: the means keep to the seeds with both, here one: no mean rows
+    shutil.rmtree(seed3)
+    assert quality_table.main([*argv, "--table-only"]) == 0
+    rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"][1:]
+    assert [(r["precision"], r["seed"]) for r in rows] == [("fp32", 0), ("amp-bf16", 0), ("amp-bf16", 3)]
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
