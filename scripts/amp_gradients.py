@@ -97,7 +97,8 @@ def keras_networks(script, image_shape_hwc: tuple, width: int, policy: str, torc
 
 def measure(model: str, width: int | None, batch_size: int, batches: int, seed: int = 0) -> dict:
     """Per weight (D's, then G's): its name and shape in PyTorch, and the mean relative error of
-    each framework's AMP gradient; and the largest float32 norm difference between the two."""
+    each framework's AMP gradient; and how far apart the two frameworks' float32 gradients are
+    at most (layout_free_gap)."""
     entry = models.get(model)
     torch_script, keras_script = entry.module("pytorch"), entry.module("tensorflow")
     width = width or entry.hparams.DEFAULTS["width"]

@@ -226,7 +226,6 @@ def main(argv=None) -> int:
 
     from common import evaluation
 
-    several_seeds = len(args.seeds) > 1
     floor = evaluation.real_data_floor(min(args.samples, 10_000))
     rows = [{"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
              "precision": "-", "metrics": floor}]
@@ -236,7 +235,7 @@ def main(argv=None) -> int:
             for framework in args.frameworks:
                 runs, fp32_fids = seed_runs(model, dataset, framework, args)
                 rows += runs
-                if several_seeds:
+                if len(args.seeds) > 1:
                     rows += seed_means(runs, fp32_fids)
     table = markdown(rows, seed_column=args.seeds != [0])
     args.runs.mkdir(parents=True, exist_ok=True)
