@@ -27,7 +27,7 @@ GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
 # 14,000 iterations (about 15 epochs of MNIST) at Adam 3e-4 rather than the paper's 2e-4: FID
 # 6.1 in PyTorch and 5.1 in TensorFlow, precision 0.717 and 0.721, recall 0.845 and 0.848
 # (10,000 at 2e-4: 9.6 and 11.6, precision 0.665 and 0.637; README, "what moved the FID").
-# About 13 and 15 minutes on a 2-core AVX512-BF16 CPU, 20 and 26 on an AVX2-only one. Samples
+# About 13 and 15 minutes on a 2-core AVX512-BF16 CPU, 18-20 and 23-26 on an AVX2-only one. Samples
 # and evaluation come from an average of G's weights (--ema-decay): 8.4 against G's own 12.4
 # at 10,000 in PyTorch.
 DEFAULTS = dict(
