@@ -524,17 +524,42 @@ def test_rounding_tells_rounding_to_nearest_from_dropping_the_low_bits():
 def test_bf16_rounding_script_measures_both_frameworks_casts_as_rounded_to_nearest(capsys):
     from scripts import bf16_rounding
 
-    assert bf16_rounding.main(["--count", "5000"]) == 0
-    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| pytorch")
-            or line.startswith("| tensorflow")]
+    assert bf16_rounding.main(["--count", "5000", "--batch", "2"]) == 0
+    ops_table, layers_table = capsys.readouterr().out.split("Whole layers")
+    rows = [line.split(" | ") for line in ops_table.splitlines() if line.startswith(("| pytorch", "| tensorflow"))]
     ops = {(row[0].strip("| "), row[1]): row[-1].strip(" |") for row in rows}
     assert len(ops) == 11 and set(ops.values()) <= {"to nearest", "toward zero", "biased"}
     # every framework's float32 -> bfloat16 cast rounds to nearest, on every CPU
     cast = "cast (float32 sum -> bfloat16)"
     assert ops[("pytorch", cast)] == ops[("tensorflow", cast)] == "to nearest"
-    with pytest.raises(SystemExit) as exit_info:
-        bf16_rounding.main(["--count", "10"])
-    assert exit_info.value.code == 2 and "--count must be at least 1,000" in capsys.readouterr().err
+    layers = [line for line in layers_table.splitlines() if line.startswith(("| pytorch", "| tensorflow"))]
+    assert "layer (batch 2)" in layers_table and len(layers) == 3 * 3  # PyTorch eager, TensorFlow eager and XLA
+    for flags, message in ((["--count", "10"], "--count must be at least 1,000"),
+                           (["--batch", "0"], "--batch must be at least 1")):
+        with pytest.raises(SystemExit) as exit_info:
+            bf16_rounding.main(flags)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_layer_errors_are_counted_in_single_roundings_of_each_products_exact_value(framework):
+    import numpy as np
+
+    from scripts import bf16_rounding
+
+    exact = np.random.default_rng(1).standard_normal((2, 5000))
+    assert bf16_rounding.in_roundings(bf16_rounding.to_bfloat16(exact.astype(np.float32)), exact) == 1.0
+    # a sum of two partial sums, each rounded to bfloat16 before the sum is rounded again
+    halves = bf16_rounding.to_bfloat16(exact.astype(np.float32))
+    assert bf16_rounding.in_roundings(bf16_rounding.to_bfloat16(halves.sum(0)), exact.sum(0)) > 1.2
+
+    float32 = bf16_rounding.measure_layers(framework, "float32", batch=3)
+    bfloat16 = bf16_rounding.measure_layers(framework, "bfloat16", batch=3)
+    assert len(float32) == len(bfloat16) == 3 * (1 if framework == "pytorch" else 2)
+    for row in float32:  # each product matched with its own float64 value, in its own layout
+        assert all(row[product] < 0.01 for product in bf16_rounding.PRODUCTS), row
+    for row in bfloat16:  # no bfloat16 result errs less than the exact value rounded once
+        assert all(row[product] > 0.99 for product in bf16_rounding.PRODUCTS), row
 
 
 # --- scripts/amp_gradients.py: each framework's AMP gradients against its own float32 ones --
