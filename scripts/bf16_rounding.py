@@ -19,12 +19,12 @@ zero. What a CPU does depends on its kernels (oneDNN or Eigen, native bfloat16 o
 table names the CPU.
 
 A layer's products sum many terms: a 3x3 convolution's output 9 x channels, its weight gradient
-batch x height x width. A kernel that sums them in float32 rounds once, as the ops above do; one
-that keeps partial sums in bfloat16 (one per example, say) rounds again at each
-partial sum. The second table runs the models' layers in bfloat16, forward and backward, from
-inputs exact in bfloat16, and gives each product's mean relative error against the framework's
-own float64 result, as a multiple of rounding that exact result once to bfloat16: 1.0x is a
-single rounding, what no bfloat16 result can beat; 3x is three times its error.
+batch x height x width. A kernel that sums them in float32 rounds once, as the ops above do;
+one that keeps partial sums in bfloat16 (one per example, say) rounds again at each. The second
+table runs the models' layers in bfloat16, forward and backward, from inputs exact in bfloat16,
+and gives each product's mean relative error against the framework's own float64 result, as a
+multiple of rounding that exact result once to bfloat16: 1.0x is a single rounding, what no
+bfloat16 result can beat; 3x is three times its error.
 """
 from __future__ import annotations
 
