@@ -206,6 +206,39 @@ def test_adamw_decay_is_the_same_in_both_frameworks():
     assert float(keras_optimizer.learning_rate) == pytest.approx(0.002)
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_the_multi_tensor_optimizer_steps_exactly_as_the_per_parameter_one(optimizer):
+    """make_optimizer's `foreach` update must not change a single bit of training: every
+    measured run in the README was trained with PyTorch's per-parameter CPU default."""
+    import torch
+
+    from common.pytorch import optimizers as torch_optimizers
+
+    flags = ["--optimizer", optimizer, "--lr", "0.003"] + (["--weight-decay", "0.05"] if optimizer == "adamw" else [])
+    cfg = parse_args("vanilla_gan", "pytorch", flags)
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(shape, generator=generator) for shape in [(64, 32, 4, 4), (32,), (10, 7)]]
+    gradients = [[torch.randn(w.shape, generator=generator) for w in start] for _ in range(30)]
+
+    def train(make):
+        weights = [w.clone().requires_grad_() for w in start]
+        opt = make(weights)
+        for step in gradients:
+            for w, g in zip(weights, step):
+                w.grad = g.clone()
+            opt.step()
+        return opt, [w.detach() for w in weights]
+
+    ours, trained = train(lambda weights: torch_optimizers.make_optimizer(cfg, weights))
+    reference_class = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+    same = {k: ours.defaults[k] for k in ("lr", "betas", "eps", "weight_decay")}
+    _, expected = train(lambda weights: reference_class(weights, **same, foreach=False))
+    assert ours.defaults["foreach"] is True and type(ours) is reference_class
+    assert not torch.equal(trained[0], start[0])
+    for got, want in zip(trained, expected):
+        assert torch.equal(got, want)
+
+
 # --- the precision report -------------------------------------------------------------------
 
 TINY = ["--batch-size", "16", "--data-limit", "64", "--log-every", "2", "--iters", "2"]
