@@ -1,0 +1,174 @@
+"""From the same weights, batches and noise, the PyTorch and TensorFlow twins take the same
+training steps: every model's losses, weights and averaged weights agree after a few steps
+in float32. (tests/test_porting.py checks the networks' forward passes; this checks the
+losses, the backward passes, the optimizers and the weight averages too.)"""
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from common import models
+from common.config import parse_args
+from common.pytorch import data as torch_data
+from common.pytorch import porting as torch_porting
+from common.pytorch import runtime as torch_runtime
+from common.tensorflow import data as keras_data
+from common.tensorflow import porting as keras_porting
+from common.tensorflow import runtime as keras_runtime
+from common.tensorflow.optimizers import Adam
+
+STEPS = 3
+BATCH = 20  # divisible by WGAN-GP's 5 critic steps
+SHAPE = (28, 28, 1)
+
+
+class SharedNoise:
+    """A replica set whose noise comes from a queue of numpy draws both twins share, in the
+    order the training step asks for it; everything else is the real one's."""
+
+    def __init__(self, replicas, draws: list):
+        self._replicas, self._draws = replicas, draws
+
+    def __getattr__(self, name):
+        return getattr(self._replicas, name)
+
+    def _next(self, rows, shape, framework):
+        values = self._draws.pop(0)
+        assert values.shape == (int(rows), *shape), "the twins ask for noise in another order"
+        return torch.from_numpy(values) if framework == "pytorch" else tf.constant(values)
+
+    def randn(self, rows, *shape, device):
+        return self._next(rows, shape, "pytorch").to(device)
+
+    rand = randn
+
+    def normal(self, noise, rows, *shape):
+        return self._next(rows, shape, "tensorflow")
+
+    uniform = normal
+
+
+def noise_for_one_step(model: str, hparams, rng) -> list:
+    normal = lambda rows, width: rng.standard_normal((rows, width)).astype(np.float32)
+    if model == "vanilla_vae":
+        return [normal(BATCH, hparams.LATENT)]
+    if model == "wgan_gp":
+        rows = BATCH // hparams.CRITIC_STEPS
+        draws = []
+        for _ in range(hparams.CRITIC_STEPS):  # each critic step: z, then the interpolation weights
+            draws += [normal(rows, hparams.Z_DIM), rng.uniform(size=(rows, 1, 1, 1)).astype(np.float32)]
+        return draws + [normal(rows, hparams.Z_DIM)]
+    return [normal(BATCH, hparams.Z_DIM)]
+
+
+def trainer(model: str, framework: str, networks: dict, cfg, runtime, data):
+    """The training object the model's main() builds around its networks."""
+    module = models.get(model).module(framework)
+    hparams = models.get(model).hparams
+    if model == "vanilla_vae":
+        return module.VAE(networks["encoder"], networks["decoder"], cfg, runtime)
+    if model == "wgan_gp":
+        return module.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
+    from GAN import gan_step_pytorch, gan_step_tensorflow
+
+    step = gan_step_pytorch if framework == "pytorch" else gan_step_tensorflow
+    pack = hparams.pack(data.sample_shape) if hasattr(hparams, "pack") else 1
+    return step.GAN(networks["generator"], networks["discriminator"], module.discriminator_loss,
+                    module.generator_loss, hparams.Z_DIM, cfg, runtime, data, pack=pack)
+
+
+def twins(model: str):
+    """Both frameworks' trainers, TensorFlow's networks holding PyTorch's initial weights."""
+    flags = ["--width", "8", "--batch-size", str(BATCH), "--data-limit", "64", "--seed", "3"]
+    built = {}
+    for framework, runtime_module, data_module in (("pytorch", torch_runtime, torch_data),
+                                                    ("tensorflow", keras_runtime, keras_data)):
+        cfg = parse_args(model, framework, flags)
+        runtime = runtime_module.setup(cfg, log=lambda *_: None)
+        data = data_module.load_data(cfg, runtime, models.get(model).hparams.PIXEL_RANGE)
+        networks = models.get(model).module(framework).build_networks(data.sample_shape, cfg.width)
+        built[framework] = (cfg, runtime, data, networks)
+    torch_networks, keras_networks = built["pytorch"][3], built["tensorflow"][3]
+    for name, network in torch_networks.items():
+        keras_porting.import_weights(keras_networks[name], torch_porting.export_weights(network, SHAPE))
+    pair = {}
+    for framework, (cfg, runtime, data, networks) in built.items():
+        step = trainer(model, framework, networks, cfg, runtime, data)
+        for name, average in step.averages.items():  # as a session starts a fresh run
+            average.start_from(step.modules[name])
+        pair[framework] = (step, data)
+    return pair
+
+
+def weights(framework: str, network) -> list[np.ndarray]:
+    """Every weight and batch-norm mean, copied. Not the batch-norm running variances: PyTorch
+    moves them by the unbiased batch variance, Keras by the biased one (README, "PyTorch vs TensorFlow")."""
+    exported = (torch_porting.export_weights(network, SHAPE) if framework == "pytorch"
+                else keras_porting.export_weights(network))
+    return [np.array(values) for kind, layer in exported
+            for values in (layer[:3] if kind == "BatchNormalization" else layer)]
+
+
+@pytest.mark.parametrize("model", models.MODELS)
+def test_the_twins_take_the_same_training_steps(model):
+    pair = twins(model)
+    rng = np.random.default_rng(0)
+    start = {fw: {name: weights(fw, net) for name, net in step.modules.items()}
+             for fw, (step, _) in pair.items()}
+    for step_index in range(STEPS):
+        draws = noise_for_one_step(model, models.get(model).hparams, rng)
+        rows = np.arange(step_index * BATCH, (step_index + 1) * BATCH)
+        losses = {}
+        for framework, (step, data) in pair.items():
+            step.replicas = SharedNoise(step.replicas, [d.copy() for d in draws])
+            batch = data.batch(torch.from_numpy(rows) if framework == "pytorch" else tf.constant(rows, tf.int32))
+            losses[framework] = {k: float(v) for k, v in step.train_step(batch).items()}
+            assert not step.replicas._draws, "a twin left noise unused"
+            step.replicas = step.replicas._replicas
+        for key, value in losses["pytorch"].items():
+            assert value == pytest.approx(losses["tensorflow"][key], rel=1e-4, abs=1e-5), (step_index, key)
+
+    torch_step, keras_step = pair["pytorch"][0], pair["tensorflow"][0]
+    for name in torch_step.modules:
+        before = start["pytorch"][name]
+        moved = 0
+        for a, b, a0 in zip(weights("pytorch", torch_step.modules[name]),
+                            weights("tensorflow", keras_step.modules[name]), before):
+            # 1e-5 of a step's scale: Adam's steps are ~lr = 2e-4 or more per weight
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-7, err_msg=f"{model} {name}")
+            moved += int(np.any(a != a0))
+        # the one exception: WGAN-GP's critic's output bias, which E[C(fake)] - E[C(real)] cancels
+        still = int(model == "wgan_gp" and name == "discriminator")
+        assert moved == len(before) - still, f"{model} {name}: some weights did not train"
+    for name, average in torch_step.averages.items():
+        for a, b in zip(weights("pytorch", average.module), weights("tensorflow", keras_step.averages[name].module)):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-7, err_msg=f"{model} average of {name}")
+
+
+def test_keras_adam_adds_epsilon_where_pytorch_does():
+    """The optimizers alone, on weights whose gradients span 1e-9 to 1: Keras' own Adam, with
+    the same epsilon, moves the tiny-gradient weights differently (its epsilon in effect
+    32x PyTorch's at the first step), the repository's takes PyTorch's steps."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal((4, 50)).astype(np.float32)
+    scales = np.array([1e-9, 1e-7, 1e-4, 1.0], np.float32)[:, None]
+    gradients = [(rng.standard_normal((4, 50)) * scales).astype(np.float32) for _ in range(50)]
+
+    def keras_steps(optimizer_class):
+        variable = keras.Variable(start)
+        optimizer = optimizer_class(1e-3, beta_1=0.5, beta_2=0.999, epsilon=1e-8)
+        for gradient in gradients:
+            optimizer.apply_gradients([(tf.constant(gradient), variable)])
+        return variable.numpy()
+
+    parameter = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    optimizer = torch.optim.Adam([parameter], lr=1e-3, betas=(0.5, 0.999), eps=1e-8)
+    for gradient in gradients:
+        parameter.grad = torch.from_numpy(gradient)
+        optimizer.step()
+    expected = parameter.detach().numpy()
+
+    np.testing.assert_allclose(keras_steps(Adam), expected, rtol=0, atol=2e-6)
+    assert np.abs(keras_steps(keras.optimizers.Adam) - expected).max() > 1e-4
