@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from common import porting
 from common.config import SCALE_WARN_WINDOW, RunConfig
 from common.distributed import OneProcess, Replicas
-from common.errors import UserError
+from common.errors import CheckpointError, UserError
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
 from common.runs import BatchOrder, Checkpoints, RunFolder
@@ -174,7 +174,7 @@ def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, expo
     Data parallel: every replica loads --init-from; rank 0 prepares the folder while the
     others wait, and they see it read-only."""
     if cfg.init_from and not cfg.resume:
-        source = porting.start_from(cfg.init_from, networks, import_weights, sample_shape)
+        source = porting.start_from(cfg.init_from, cfg.model, networks, import_weights, sample_shape)
         log(f"initial weights from {source}")
 
     def prepare() -> RunFolder:
@@ -196,8 +196,18 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, 
     with the history rows logged after it dropped; else (0, 0)."""
     if not cfg.resume:
         return 0, 0
-    _, path = run.latest_checkpoint()
+    named_step, path = run.latest_checkpoint()
     meta = session.checkpoints.restore(path)
+    # The file's name picks it as the latest: a step inside it that says otherwise (an edited
+    # or misplaced file) would truncate the history, or skip training, at the wrong step.
+    if meta["step"] != named_step:
+        raise CheckpointError(f"checkpoint {path} holds step {meta['step']}, not the step its name "
+                              "says; delete it to resume from the one before")
+    # Another model's checkpoint can have the same shapes (LSGAN and the vanilla GAN), so shapes
+    # alone do not catch it; older checkpoints record no model.
+    if meta.get("model", cfg.model) != cfg.model:
+        raise CheckpointError(f"checkpoint {path} is of model {meta['model']}, this run is "
+                              f"{cfg.model}; resume with the model's own script")
     run.truncate_history(meta["step"])
     log(f"resumed from {path} at step {meta['step']}")
     if "warning" in meta:
@@ -366,7 +376,7 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
             board.samples(step)
         if wants_checkpoint:
             session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
-                                     {"step": step, "skipped_total": skipped_total})
+                                     {"step": step, "skipped_total": skipped_total, "model": cfg.model})
             run.prune_checkpoints()
 
 
@@ -390,7 +400,8 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
     monitor = log_interval.monitor
     path = run.checkpoints / f"diverged_step_{step:06d}.{session.checkpoints.suffix}"
     if run.writable:
-        session.checkpoints.save(path, {"step": step, "skipped_total": log_interval.skipped_total})
+        session.checkpoints.save(path, {"step": step, "skipped_total": log_interval.skipped_total,
+                                        "model": cfg.model})
     summary = summarize(cfg, session, step, log_interval, stopped_early=False)
     run.write_summary({**summary, "stopped": f"losses inf/NaN since step {monitor.nonfinite_since}"})
     good = run.latest_checkpoint()

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import CheckpointError
-from common.runs import atomic_write
+from common.runs import atomic_write, check_regular_file
 
 WEIGHTS_FORMAT = 1
 
@@ -58,6 +58,7 @@ def save_weights(path: Path, networks: dict[str, list[LayerWeights]], meta: dict
 def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
     """Read a file `save_weights` wrote; one CheckpointError line for anything else."""
     path = Path(path)
+    check_regular_file(path, "weights file")
     try:
         with np.load(path, allow_pickle=False) as stored:
             arrays = {key: stored[key] for key in stored.files}
@@ -79,6 +80,11 @@ def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
     except Exception as error:  # zip, key and JSON errors all mean "not a weights file"
         raise CheckpointError(f"{path} is not a readable weights file of this repository "
                               f"({type(error).__name__})") from None
+    for network, layers in networks.items():
+        for index, (_, values) in enumerate(layers):
+            if any(value.dtype.kind not in "fiu" for value in values):  # strings would reach torch.from_numpy
+                raise CheckpointError(f"{path} is not a weights file of this repository: layer {index} "
+                                      f"of {network} holds {', '.join(str(v.dtype) for v in values)}, not numbers")
     return networks, meta
 
 
@@ -90,24 +96,35 @@ def save_initial_weights(run_path: Path, networks: dict[str, list[LayerWeights]]
     save_weights(Path(run_path) / INITIAL_WEIGHTS, networks, meta)
 
 
-def start_from(source: str, modules: dict, import_into, sample_shape: tuple) -> Path:
-    """Load the weights of `source` (a run folder, or a weights file) into `modules` with
-    `import_into(module, layers)`; every mismatch is one CheckpointError line."""
+def start_from(source: str, model: str, modules: dict, import_into, sample_shape: tuple) -> Path:
+    """Load the weights of `source` (a run folder, or a weights file, of `model` in either
+    framework) into `modules` with `import_into(module, layers)`; every mismatch is one
+    CheckpointError line."""
     path = Path(source)
     if path.is_dir():
         path = path / INITIAL_WEIGHTS
     networks, meta = load_weights(path)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"--init-from {path} has no valid meta (a JSON {type(meta).__name__})")
     if set(networks) != set(modules):
         raise CheckpointError(f"--init-from {path} holds {', '.join(sorted(networks))}; "
                               f"this model has {', '.join(sorted(modules))}")
-    if tuple(meta.get("sample_shape", ())) != tuple(sample_shape):
+    saved_shape = meta.get("sample_shape")
+    if not isinstance(saved_shape, list) or not all(type(n) is int for n in saved_shape):
+        raise CheckpointError(f"--init-from {path} records no valid sample_shape (found {saved_shape!r})")
+    if tuple(saved_shape) != tuple(sample_shape):
         raise CheckpointError(f"--init-from {path} was made for data shaped "
-                              f"{tuple(meta.get('sample_shape', ()))}, this run's data is "
-                              f"{tuple(sample_shape)}")
+                              f"{tuple(saved_shape)}, this run's data is {tuple(sample_shape)}")
     for name, module in modules.items():
         try:
             import_into(module, networks[name])
         except ValueError as error:
             raise CheckpointError(f"--init-from {path} does not fit this model's {name}: "
                                   f"{error}") from None
+    # Another model's networks can have the same shapes (the vanilla GAN and LSGAN), and load:
+    # they would train as the wrong model's start. (Networks that do not fit say so above.)
+    if meta.get("model") != model:
+        raise CheckpointError(f"--init-from {path} holds weights of model {meta.get('model')!r}, "
+                              f"this run is {model!r}: start from a run of the same model "
+                              "(either framework)")
     return path

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from common import models
 from common.config import RESUME_KEYS, RunConfig, run_dir_for
 from common.errors import CheckpointError, UsageError, UserError
 
@@ -44,6 +45,36 @@ def atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def check_regular_file(path: Path, what: str) -> None:
+    """Refuse anything but a regular file before opening it: a FIFO (or a device) named like a
+    checkpoint or weights file would block the read forever."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{what} {path} is not a regular file; remove it or name another")
+
+
+def check_meta(path: Path, meta) -> dict:
+    """The meta a checkpoint was saved with, checked before anything trusts it: a dict whose
+    step and skipped-step count are non-negative integers (and whose model, if recorded, is a
+    name). One CheckpointError line otherwise."""
+    def count(key):
+        value = meta.get(key)
+        # numpy integers come from a TensorFlow checkpoint's arrays; bool is an int too, not a count
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise CheckpointError(f"checkpoint {path} has no valid {key} (found {value!r}); "
+                                  "delete it to resume from the one before")
+        return int(value)
+
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {path} has no valid meta (found {type(meta).__name__}); "
+                              "delete it to resume from the one before")
+    checked = {key: value for key, value in meta.items() if key not in ("step", "skipped_total")}
+    checked.update(step=count("step"), skipped_total=count("skipped_total"))
+    if not isinstance(checked.get("model", ""), str):
+        raise CheckpointError(f"checkpoint {path} has no valid model name (found {checked['model']!r})")
+    return checked
+
+
 class Checkpoints(Protocol):
     """A framework's checkpoints of a run (common/pytorch/checkpoint.py,
     common/tensorflow/checkpoint.py): the whole training state in one file."""
@@ -51,12 +82,13 @@ class Checkpoints(Protocol):
     suffix: str  # "pt" | "npz"
 
     def save(self, path: Path, meta: dict) -> None:
-        """Write atomically; `meta` holds the step and the skipped-step count."""
+        """Write atomically; `meta` holds the step, the skipped-step count and the model."""
 
     def restore(self, path: Path) -> dict:
-        """Load the state; returns the meta it was saved with (and "warning", a line to
-        print, for an older checkpoint that loads with a caveat). One CheckpointError line for
-        a file that is unreadable or does not fit the model."""
+        """Load the state; returns the meta it was saved with, checked by `check_meta` (and
+        "warning", a line to print, for an older checkpoint that loads with a caveat). One
+        CheckpointError line for a file that is unreadable, is not a regular file, or does not
+        fit the model (shapes, types and ranges of everything it holds)."""
 
 
 class RunFolder:
@@ -76,16 +108,49 @@ class RunFolder:
         config = {**json.loads(cfg.to_json()), "precision": precision, **details}
         if cfg.resume:
             run._check_resumable(config)
-        elif run.path.exists() and any(run.path.iterdir()):
+        elif run.path.exists() and not run.path.is_dir():
+            raise UsageError(f"--out {run.path} is not a folder; name a folder for the run")
+        elif any(run.path.iterdir() if run.path.exists() else ()):
+            # --overwrite replaces a run and nothing else: pointed at a folder of other files
+            # (a typo, a parent folder), it would delete them.
+            if run.read_config() is None:
+                raise UsageError(f"{run.path} is not empty and holds no run (no config.json a run "
+                                 "wrote): --overwrite only replaces a run; name a new or empty --out")
             if not cfg.overwrite:
                 raise UsageError(f"{run.path} already holds a run: pass --resume to continue it, "
                                  "--overwrite to start over, or --out for a new folder")
-            shutil.rmtree(run.path)
-        run.samples.mkdir(parents=True, exist_ok=True)
-        run.checkpoints.mkdir(parents=True, exist_ok=True)
+            run.clear()
+        # config.json first: a run killed right after it is still known as a run
+        run.path.mkdir(parents=True, exist_ok=True)
         atomic_write(run.path / "config.json",
                      lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
+        run.samples.mkdir(exist_ok=True)
+        run.checkpoints.mkdir(exist_ok=True)
         return run
+
+    def read_config(self) -> dict | None:
+        """The config.json a run of this repository wrote here, or None when there is none
+        (missing, not a regular file, unreadable, or not a run's): what marks a run folder."""
+        path = self.path / "config.json"
+        if not path.is_file():
+            return None
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if (not isinstance(config, dict) or config.get("model") not in models.MODELS
+                or config.get("framework") not in models.FRAMEWORKS or "precision" not in config):
+            return None
+        return config
+
+    def clear(self) -> None:
+        """Delete the run's files, keeping the folder itself (it may be a symlink to another
+        disk, which rmtree refuses)."""
+        for child in self.path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
 
     @classmethod
     def replica_view(cls, cfg: RunConfig, precision: str) -> "RunFolder":
@@ -97,10 +162,13 @@ class RunFolder:
         if not saved_path.exists():
             raise CheckpointError(f"nothing to resume in {self.path}: no config.json; "
                                   "start without --resume")
+        check_regular_file(saved_path, "run settings")
         try:
             saved = json.loads(saved_path.read_text())
         except (OSError, ValueError) as error:
             raise CheckpointError(f"{saved_path} is unreadable ({error})") from None
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{saved_path} is not a run's settings (a JSON {type(saved).__name__})")
         differing = [key for key in (*RESUME_KEYS, "precision")
                      if saved.get(key) != config.get(key)]
         if differing:
@@ -138,16 +206,51 @@ class RunFolder:
     def append_history(self, row: dict) -> None:
         if not self.writable:
             return
-        with open(self.history_file, "a") as file:
-            file.write(json.dumps(row) + "\n")
+        # The whole line in one write(2) to a file opened O_APPEND, so a process killed at any
+        # point leaves the row written or not (buffered text I/O may split it in two writes);
+        # a full disk or a power cut can still cut it short, which read_history tolerates.
+        line = (json.dumps(row) + "\n").encode()
+        fd = os.open(self.history_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
 
     def read_history(self) -> list[dict]:
+        """The logged rows. A last line cut short (a crash mid-append on an older version, a
+        full disk) is dropped: the run resumes from its checkpoint anyway. Anything else that is
+        not a row is one UserError line naming the file."""
         if not self.history_file.exists():
             return []
-        return [json.loads(line) for line in self.history_file.read_text().splitlines() if line]
+        check_regular_file(self.history_file, "history")
+        try:
+            text = self.history_file.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise UserError(f"{self.history_file} is unreadable ({type(error).__name__}); "
+                            "delete it to start its history over") from None
+        lines = text.splitlines()
+        while lines and not lines[-1]:
+            lines.pop()
+        rows = []
+        for number, line in enumerate(lines, 1):
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                if number == len(lines):  # the last line, cut short
+                    break
+                row = None
+            if not isinstance(row, dict) or isinstance(row.get("step"), bool) \
+                    or not isinstance(row.get("step"), int):
+                raise UserError(f"{self.history_file} line {number} is not a history row "
+                                f"({line[:40]!r}); delete that line or the file")
+            rows.append(row)
+        return rows
 
     def truncate_history(self, last_step: int) -> None:
-        """Drop rows logged after the checkpoint a resumed run restarts from."""
+        """Drop rows logged after the checkpoint a resumed run restarts from (and a line cut
+        short by a crash)."""
         if not self.writable:
             return
         rows = [row for row in self.read_history() if row["step"] <= last_step]
@@ -165,12 +268,20 @@ class RunFolder:
 
     def read_finished(self) -> tuple[dict, dict]:
         """config.json and summary.json of a finished run; one UserError line otherwise."""
+        for name in ("config.json", "summary.json"):
+            if not (self.path / name).exists():
+                raise UserError(f"{self.path} is not a finished run (no {name})")
+            if not (self.path / name).is_file():
+                raise UserError(f"{self.path / name} is not a regular file")
         try:
-            return (json.loads((self.path / "config.json").read_text()), self.read_summary())
-        except FileNotFoundError as error:
-            raise UserError(f"{self.path} is not a finished run (no {Path(error.filename).name})") from None
-        except ValueError as error:
+            config, summary = json.loads((self.path / "config.json").read_text()), self.read_summary()
+        except (OSError, ValueError) as error:
             raise UserError(f"{self.path} has an unreadable config.json or summary.json ({error})") from None
+        step = summary.get("step") if isinstance(summary, dict) else None
+        if not isinstance(config, dict) or isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise UserError(f"{self.path} has a config.json or summary.json that no run wrote "
+                            "(not JSON objects, or no step)")
+        return config, summary
 
     def sample_path(self, step: int, tag: str = "") -> Path:
         return self.samples / f"step_{step:06d}{tag}.png"

@@ -22,6 +22,8 @@ def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:
     """The run's fixed N(0, I) noise: read from fixed_noise.npy, or drawn and saved there."""
     path = Path(run_dir) / "fixed_noise.npy"
     if path.exists():
+        if not path.is_file():  # a FIFO would block the read forever
+            raise UserError(f"{path} is not a regular file; remove it to draw the noise again")
         try:
             noise = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as error:

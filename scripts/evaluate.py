@@ -5,8 +5,10 @@
     python scripts/evaluate.py --floor                                 # MNIST train vs test
 
 The run's own script reopens the run from its last checkpoint (`--resume` with nothing left to
-train, in a fresh process, under the run's precision) and, with `--evaluate N`, generates N
-samples from noise drawn from the run's seed and measures them with common/evaluation.py:
+train, in a fresh process, under the run's precision; a run whose last checkpoint is not at its
+summary's step, as one stopped on inf/NaN losses, is refused, as reopening it would train) and,
+with `--evaluate N`, generates N samples from noise drawn from the run's seed and measures them
+with common/evaluation.py:
 FID, precision and recall against MNIST test in the MNIST feature net's features, classes
 covered; modes covered on the 2-D mixtures; test ELBO and IWAE for the VAE. The same thing
 happens at the end of training when a script is given `--evaluate N`.
@@ -17,19 +19,36 @@ reference every generator's numbers are read against (FID depends on the sample 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import evaluation
-from common.errors import UsageError, exit_on_user_error
+from common import evaluation, flags
+from common.errors import UsageError, UserError, exit_on_user_error
+from common.runs import RunFolder
+
+
+def check_evaluable(folder: Path) -> None:
+    """The run's script is reopened with --resume up to its summary's step: that trains nothing
+    only when the last checkpoint is at that step. A run stopped on inf/NaN losses (its last
+    good checkpoint is earlier) or one whose last checkpoint is gone would be retrained there,
+    its history, summary and checkpoints rewritten. One UserError line instead."""
+    run = RunFolder(folder)
+    _, summary = run.read_finished()
+    if "stopped" in summary:
+        raise UserError(f"{folder} stopped at step {summary['step']} ({summary['stopped']}): it has no "
+                        "trained model to evaluate; continue it with --resume (and a lower --lr)")
+    latest = run.latest_checkpoint()
+    if latest is None or latest[0] != summary["step"]:
+        raise UserError(f"{folder} has no checkpoint at the step of its summary ({summary['step']}; "
+                        f"last checkpoint: {latest[0] if latest else 'none'}), so evaluating it would "
+                        "train it: continue it with --resume first")
 
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run folders")
     parser.add_argument("--samples", type=int, default=10_000, help="generated samples per run")
     parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
@@ -40,6 +59,8 @@ def main(argv=None) -> int:
     if args.samples < 10 or (args.iwae_k is not None and args.iwae_k < 1):
         raise UsageError("--samples must be at least 10 and --iwae-k at least 1")
     measured_images = False
+    for folder in args.runs:  # all of them before the first is measured
+        check_evaluable(folder)
     for folder in args.runs:
         results = evaluation.evaluate_run(folder, args.samples, args.iwae_k)
         print(f"{folder}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))

@@ -3,12 +3,13 @@ scaler and the random state, in one file written atomically and read back withou
 code (weights_only)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 
 from common.errors import CheckpointError
-from common.runs import atomic_write
+from common.runs import atomic_write, check_meta, check_regular_file
 
 SUFFIX = "pt"
 FORMAT = 1
@@ -38,28 +39,76 @@ class Checkpoints:
         atomic_write(path, lambda file: torch.save(state, file))
 
     def restore(self, path: Path) -> dict:
-        """Load every piece of the state; returns the meta (step, skipped_total)."""
+        """Load every piece of the state; returns the meta (step, skipped_total, model)."""
+        check_regular_file(path, "checkpoint")
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # zip/pickle errors have many types; all mean "unreadable"
             raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}); "
                                   "delete it to resume from the one before") from None
         try:
-            if state.get("format") != FORMAT:
+            if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise ValueError("not a checkpoint of this repository")
+            meta = check_meta(path, state["meta"])
             for name, module in self.trainer.modules.items():
                 module.load_state_dict(state["modules"][name])
             for name, optimizer in self.trainer.optimizers.items():
-                optimizer.load_state_dict(state["optimizers"][name])
+                saved = state["optimizers"][name]
+                check_like(saved["param_groups"], optimizer.state_dict()["param_groups"],
+                           f"optimizers/{name}/param_groups")
+                optimizer.load_state_dict(saved)
+                check_optimizer_state(optimizer, f"optimizers/{name}/state")
             for name, average in self.trainer.averages.items():
+                check_like(state["averages"][name], average.state_dict(), f"averages/{name}")
                 average.load_state_dict(state["averages"][name])
             if self.runtime.scaler.is_enabled():  # a disabled scaler's state is {}, which an enabled one refuses
+                check_like(state["scaler"], self.runtime.scaler.state_dict(), "scaler")
                 self.runtime.scaler.load_state_dict(state["scaler"])
             torch.set_rng_state(state["rng"]["cpu"])
             if "cuda" in state["rng"] and self.runtime.device.type == "cuda":
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.runtime.device)
-            return state["meta"]
+            return meta
         except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise CheckpointError(f"checkpoint {path} does not fit this model "
                                   f"({type(error).__name__}: {first_line})") from None
+
+
+# load_state_dict checks the networks' shapes but copies an optimizer's hyperparameters, its
+# per-weight state and the loss scaler's numbers as they come: an edited file with a string
+# learning rate or a wrongly shaped moment would load and fail mid-training with a traceback.
+def check_like(saved, live, where: str) -> None:
+    """`saved` is the kind of value `live` (the running state) is, recursively: the same
+    type, length, tensor shape. Numbers are finite and non-negative: each one here is a rate,
+    a factor or a count. A ValueError naming the first that is not."""
+    if isinstance(live, (bool, str)) or live is None:
+        fits = type(saved) is type(live)
+    elif isinstance(live, (int, float)):
+        kinds = (int, float) if isinstance(live, float) else int
+        fits = isinstance(saved, kinds) and not isinstance(saved, bool) and math.isfinite(saved) and saved >= 0
+    elif isinstance(live, (list, tuple)):
+        fits = isinstance(saved, (list, tuple)) and len(saved) == len(live)
+        for index, (saved_item, live_item) in enumerate(zip(saved, live) if fits else ()):
+            check_like(saved_item, live_item, f"{where}/{index}")
+    elif isinstance(live, dict):
+        fits = isinstance(saved, dict)
+        for key in (live.keys() & saved.keys()) if fits else ():
+            check_like(saved[key], live[key], f"{where}/{key}")
+    elif torch.is_tensor(live):
+        fits = torch.is_tensor(saved) and saved.shape == live.shape
+    else:
+        fits = True
+    if not fits:
+        raise ValueError(f"{where} is {str(saved)[:40]!r}, expected a {type(live).__name__} like {str(live)[:40]!r}")
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
+    """Each weight's optimizer state (Adam's moments and step) holds floating-point tensors
+    shaped like the weight, or scalars. A ValueError otherwise."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if not (torch.is_tensor(value) and value.is_floating_point()
+                        and value.shape in (param.shape, torch.Size([]))):
+                    shown = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+                    raise ValueError(f"{where}/{key} is {shown}, the weight is {tuple(param.shape)}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import CheckpointError
-from common.runs import atomic_write
+from common.runs import atomic_write, check_meta, check_regular_file
 
 SUFFIX = "npz"
 FORMAT = 2
@@ -39,25 +39,34 @@ class Checkpoints:
                   "meta/step": np.array(meta["step"]),
                   "meta/skipped_total": np.array(meta["skipped_total"]),
                   "meta/precision": np.array(self.runtime.precision)}
+        if "model" in meta:
+            arrays["meta/model"] = np.array(meta["model"])
         for group, variables in _variables(self.trainer).items():
             for index, variable in enumerate(variables):
                 arrays[f"{group}/{index:04d}"] = variable.numpy()
         atomic_write(path, lambda file: np.savez(file, **arrays))
 
     def restore(self, path: Path) -> dict:
-        """Load every piece of the state; returns the meta (step, skipped_total)."""
+        """Load every piece of the state; returns the meta (step, skipped_total, model)."""
+        check_regular_file(path, "checkpoint")
         try:
             with np.load(path, allow_pickle=False) as stored:
                 arrays = {key: stored[key] for key in stored.files}
         except Exception as error:  # zip/format errors have many types; all mean "unreadable"
             raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}); "
                                   "delete it to resume from the one before") from None
-        if arrays.get("format") is None:
+        if not is_integer(arrays.get("format")):
             raise CheckpointError(f"{path} is not a checkpoint of this repository")
         found = int(arrays["format"])
         if found not in (OLD_NOISE_FORMAT, FORMAT):
             raise CheckpointError(f"checkpoint {path} was written in format {found}, and this version reads "
                                   f"formats {OLD_NOISE_FORMAT} and {FORMAT}: train with --overwrite or another --out")
+        meta = {key: arrays[f"meta/{key}"].item() if is_integer(arrays.get(f"meta/{key}")) else None
+                for key in ("step", "skipped_total")}
+        if "meta/model" in arrays:  # older checkpoints record no model
+            model = arrays["meta/model"]
+            meta["model"] = str(model) if model.dtype.kind == "U" and model.shape == () else None
+        meta = check_meta(path, meta)
         groups = _variables(self.trainer)
         if found == OLD_NOISE_FORMAT:
             groups.pop("rng/noise")
@@ -71,9 +80,20 @@ class Checkpoints:
                 if tuple(arrays[key].shape) != tuple(variable.shape):
                     raise CheckpointError(f"checkpoint {path} does not fit this model: {key} is "
                                           f"{arrays[key].shape}, expected {variable.shape}")
+                # numbers of the variable's kind or a narrower one (float64 into float32, not
+                # strings or floats into an integer counter), which assign() would fail on
+                expected = variable.numpy().dtype  # Keras' dtype is a name, tf.Variable's a DType
+                if not np.can_cast(arrays[key].dtype, expected, "same_kind"):
+                    raise CheckpointError(f"checkpoint {path} does not fit this model: {key} holds "
+                                          f"{arrays[key].dtype}, expected {expected}")
                 variable.assign(arrays[key])
-        meta = {"step": int(arrays["meta/step"]), "skipped_total": int(arrays["meta/skipped_total"])}
         if found == OLD_NOISE_FORMAT:
             meta["warning"] = (f"warning: {path} predates the counted noise (format 1): its noise restarts, so "
                                "training on from it does not end as an uninterrupted run would")
         return meta
+
+
+def is_integer(array) -> bool:
+    """A stored scalar integer: the format and the meta's counts (an edited file may hold a
+    string, a float or an array there)."""
+    return isinstance(array, np.ndarray) and array.shape == () and array.dtype.kind in "iu"

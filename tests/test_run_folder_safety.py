@@ -1,0 +1,295 @@
+"""Hostile or damaged run folders, checkpoints and weights files: each is one error line and a
+non-zero exit, never a traceback, a hang, another model's state, or a deleted folder that held
+no run; and neither --overwrite in scripts/benchmark.py nor scripts/evaluate.py touches a run
+it should not."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from common import porting
+from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
+from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+from tests.conftest import run_script
+
+TINY = ["--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64", "--no-tensorboard"]
+SCRIPTS = {("vanilla_gan", "pytorch"): gan_pytorch, ("vanilla_gan", "tensorflow"): gan_tensorflow,
+           ("lsgan", "pytorch"): lsgan_pytorch, ("lsgan", "tensorflow"): lsgan_tensorflow}
+SUFFIX = {"pytorch": "pt", "tensorflow": "npz"}
+
+
+def train(out, *extra, model="vanilla_gan", framework="pytorch"):
+    return SCRIPTS[model, framework].main(["--out", str(out), *TINY, *extra])
+
+
+def refused(capsys, message, out, *extra, code=1, model="vanilla_gan", framework="pytorch"):
+    """The script ends with `code` and one stderr line holding `message`."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        train(out, *extra, model=model, framework=framework)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == code, err
+    assert err.startswith("error: ") and message in err and "\n" not in err, err
+
+
+def files(folder):
+    """Every file under `folder` with its bytes: what must stay as it was."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- 1. --overwrite replaces a run and nothing else ------------------------------------------
+
+def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
+    victim = tmp_path / "victim"
+    (victim / "thesis").mkdir(parents=True)
+    (victim / "thesis" / "ch1.txt").write_text("x")
+    refused(capsys, "holds no run", victim, "--overwrite", code=2)
+    refused(capsys, "holds no run", victim, code=2)  # not "already holds a run": it does not
+    assert (victim / "thesis" / "ch1.txt").read_text() == "x"
+
+    (tmp_path / "file").write_text("x")
+    refused(capsys, "not a folder", tmp_path / "file", "--overwrite", code=2)
+    assert (tmp_path / "file").read_text() == "x"
+
+    run = tmp_path / "run"
+    train(run)
+    (run / "notes.txt").write_text("x")
+    refused(capsys, "already holds a run", run, code=2)
+    train(run, "--overwrite")  # a run is replaced, all of it
+    assert not (run / "notes.txt").exists() and (run / "config.json").exists()
+
+
+def test_overwrite_replaces_a_run_through_a_symlinked_folder(tmp_path):
+    train(tmp_path / "real")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    train(tmp_path / "link", "--overwrite", "--seed", "3")
+    assert (tmp_path / "link").is_symlink()
+    assert json.loads((tmp_path / "real" / "config.json").read_text())["seed"] == 3
+
+
+# --- 2. the benchmark replaces only its own runs --------------------------------------------
+
+def test_the_benchmark_never_replaces_a_run_it_did_not_make(tmp_path, capsys):
+    from scripts import benchmark
+
+    flags = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32",
+             "--iters", "4", "--log-every", "2", "--batch-size", "8", "--width", "8",
+             "--data-limit", "64", "--no-tensorboard"]
+    trained = tmp_path / "runs" / "vanilla_gan" / "pytorch-fp32"  # the benchmark's layout
+    train(trained)
+    before = files(trained)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--out", str(tmp_path / "runs"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and "a run the benchmark did not make" in err and "\n" not in err, err
+    assert files(trained) == before
+
+    assert benchmark.main(["--out", str(tmp_path / "bench"), *flags]) == 0
+    made = tmp_path / "bench" / "vanilla_gan" / "pytorch-fp32"
+    assert json.loads((made / "config.json").read_text())["benchmark"] is True
+    assert benchmark.main(["--out", str(tmp_path / "bench"), *flags]) == 0  # its own: replaced
+
+
+# --- 3. evaluate.py never trains --------------------------------------------------------------
+
+def test_evaluate_refuses_a_run_that_stopped_on_nonfinite_losses(tmp_path, capsys):
+    from scripts import evaluate
+
+    run = tmp_path / "div"
+    with pytest.raises(SystemExit):
+        train(run, "--iters", "50", "--lr", "1e6", "--nonfinite-patience", "1", "--log-every", "1",
+              "--checkpoint-every", "1", "--ema-decay", "0", model="lsgan")
+    assert "stopped" in json.loads((run / "summary.json").read_text())
+    before = files(run)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(run), "--samples", "10"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 1 and "stopped at step" in captured.err and "\n" not in captured.err.strip()
+    assert "resumed from" not in captured.out and files(run) == before
+
+    finished = tmp_path / "finished"  # a run whose last checkpoint is gone
+    train(finished, "--checkpoint-every", "1")
+    (finished / "checkpoints" / "step_000002.pt").unlink()
+    before = files(finished)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(finished), "--samples", "10"])
+    assert exit_info.value.code == 1 and "no checkpoint at the step of its summary" in capsys.readouterr().err
+    assert files(finished) == before
+
+
+# --- 4. history.jsonl after a crash ----------------------------------------------------------
+
+def test_resume_drops_a_history_line_cut_short_and_refuses_garbage(tmp_path, capsys):
+    run = tmp_path / "h"
+    train(run, "--log-every", "1")
+    with open(run / "history.jsonl", "a") as history:
+        history.write('{"step": 1, "d_lo')  # what a kill -9 mid-append leaves
+    train(run, "--log-every", "1", "--resume", "--iters", "4")
+    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+
+    with open(run / "history.jsonl", "a") as history:  # the same, with its newline (echo >>)
+        history.write('{"step": 5, "d_lo\n')
+    train(run, "--log-every", "1", "--resume", "--iters", "5")
+    assert [json.loads(line)["step"] for line in (run / "history.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+    lines = (run / "history.jsonl").read_text().splitlines()
+    for garbage in ("[1]", '{"d_loss": 1}', '{"step": "2"}', "{not json"):
+        (run / "history.jsonl").write_text("\n".join([lines[0], garbage, *lines[1:]]) + "\n")
+        refused(capsys, "history.jsonl line 2 is not a history row", run, "--log-every", "1", "--resume",
+                "--iters", "6")
+
+
+# --- 5. only regular files are opened ---------------------------------------------------------
+
+def test_a_fifo_as_weights_file_or_checkpoint_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo.npz")
+    result = run_script("GAN/vanilla_gan/gan_pytorch.py", *TINY, "--out", str(tmp_path / "new"),
+                        "--init-from", str(tmp_path / "fifo.npz"), timeout=120)
+    assert result.returncode == 1 and "is not a regular file" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+    for framework, script in (("pytorch", "GAN/vanilla_gan/gan_pytorch.py"),
+                              ("tensorflow", "GAN/vanilla_gan/gan_tensorflow.py")):
+        run = tmp_path / framework
+        assert run_script(script, *TINY, "--out", str(run), timeout=300).returncode == 0
+        os.mkfifo(run / "checkpoints" / f"step_000009.{SUFFIX[framework]}")  # the latest, by name
+        result = run_script(script, *TINY, "--out", str(run), "--resume", "--iters", "12", timeout=300)
+        assert result.returncode == 1 and "is not a regular file" in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+
+        (run / "checkpoints" / f"step_000009.{SUFFIX[framework]}").unlink()  # and the fixed noise
+        (run / "fixed_noise.npy").unlink()
+        os.mkfifo(run / "fixed_noise.npy")
+        result = run_script(script, *TINY, "--out", str(run), "--resume", "--iters", "12", timeout=300)
+        assert result.returncode == 1 and "fixed_noise.npy is not a regular file" in result.stderr, \
+            result.stderr[-2000:]
+
+
+# --- 6. another model's weights ---------------------------------------------------------------
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_another_models_checkpoint_is_refused_though_its_shapes_fit(framework, tmp_path, capsys):
+    train(tmp_path / "lsgan", model="lsgan", framework=framework)
+    train(tmp_path / "gan", framework=framework)
+    name = f"step_000002.{SUFFIX[framework]}"
+    shutil.copy(tmp_path / "lsgan" / "checkpoints" / name, tmp_path / "gan" / "checkpoints" / name)
+    refused(capsys, "is of model lsgan, this run is vanilla_gan", tmp_path / "gan", "--resume", "--iters", "4",
+            framework=framework)
+
+
+def test_init_from_another_model_is_refused_and_from_the_other_framework_works(tmp_path, capsys):
+    train(tmp_path / "gan")
+    refused(capsys, "holds weights of model 'vanilla_gan', this run is 'lsgan'", tmp_path / "lsgan",
+            "--init-from", str(tmp_path / "gan"), model="lsgan")
+    assert not (tmp_path / "lsgan").exists()
+    train(tmp_path / "ported", "--init-from", str(tmp_path / "gan"), framework="tensorflow")  # documented
+    source, _ = porting.load_weights(tmp_path / "gan" / porting.INITIAL_WEIGHTS)
+    ported, _ = porting.load_weights(tmp_path / "ported" / porting.INITIAL_WEIGHTS)
+    np.testing.assert_array_equal(source["generator"][0][1][0], ported["generator"][0][1][0])
+
+
+# --- 7. hand-edited checkpoints and weights files ----------------------------------------------
+
+def edit_pt(path, change):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    change(state)
+    torch.save(state, path)
+
+
+def first_moment(state):
+    slot = state["optimizers"]["generator"]["state"][0]
+    slot["exp_avg"] = torch.zeros(3, 5)
+
+
+PT_EDITS = {
+    "meta {}": (lambda s: s.__setitem__("meta", {}), "has no valid step"),
+    "meta a list": (lambda s: s.__setitem__("meta", [1, 2]), "has no valid meta"),
+    "step a string": (lambda s: s["meta"].__setitem__("step", "2"), "has no valid step"),
+    "step negative": (lambda s: s["meta"].__setitem__("step", -1), "has no valid step"),
+    "step huge": (lambda s: s["meta"].__setitem__("step", 10**30), "not the step its name says"),
+    "lr a string": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("lr", "abc"),
+                    "param_groups/0/lr is 'abc'"),
+    "moment misshapen": (first_moment, "optimizers/generator/state/exp_avg is (3, 5)"),
+    "scale a string": (lambda s: s["scaler"].__setitem__("scale", "big"), "scaler/scale"),
+    "ema updates negative": (lambda s: s["averages"]["generator"].__setitem__("updates", -3), "updates"),
+}
+
+
+@pytest.fixture(scope="module")
+def pytorch_run(tmp_path_factory):
+    """A finished tiny run (float16 AMP: its loss scaler is checkpointed too), copied per test."""
+    run = tmp_path_factory.mktemp("pt") / "run"
+    gan_pytorch.main(["--out", str(run), *TINY, "--amp", "--amp-dtype", "float16"])
+    return run
+
+
+@pytest.mark.parametrize("edit", PT_EDITS)
+def test_a_hand_edited_pytorch_checkpoint_is_one_error_line(edit, pytorch_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(pytorch_run, run)
+    change, message = PT_EDITS[edit]
+    edit_pt(run / "checkpoints" / "step_000002.pt", change)
+    refused(capsys, message, run, "--amp", "--amp-dtype", "float16", "--resume", "--iters", "4")
+
+
+def edit_npz(path, change):
+    with np.load(path, allow_pickle=False) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    change(arrays)
+    np.savez(path, **arrays)
+
+
+def a_string_weight(arrays):
+    key = next(k for k in sorted(arrays) if k.startswith("module/generator/"))
+    arrays[key] = np.full(arrays[key].shape, "x")
+
+
+NPZ_EDITS = {
+    "step removed": (lambda a: a.pop("meta/step"), "has no valid step"),
+    "format abc": (lambda a: a.__setitem__("format", np.array("abc")), "is not a checkpoint of this repository"),
+    "a string weight": (a_string_weight, "holds <U1"),
+    "step negative": (lambda a: a.__setitem__("meta/step", np.array(-1)), "has no valid step"),
+    "step a float": (lambda a: a.__setitem__("meta/step", np.array(2.0)), "has no valid step"),
+}
+
+
+@pytest.fixture(scope="module")
+def tensorflow_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("tf") / "run"
+    gan_tensorflow.main(["--out", str(run), *TINY])
+    return run
+
+
+@pytest.mark.parametrize("edit", NPZ_EDITS)
+def test_a_hand_edited_tensorflow_checkpoint_is_one_error_line(edit, tensorflow_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(tensorflow_run, run)
+    change, message = NPZ_EDITS[edit]
+    edit_npz(run / "checkpoints" / "step_000002.npz", change)
+    refused(capsys, message, run, "--resume", "--iters", "4", framework="tensorflow")
+
+
+def set_meta(meta):
+    return lambda arrays: arrays.__setitem__("meta", np.array(json.dumps(meta)))
+
+
+WEIGHTS_EDITS = {
+    "meta a list": (set_meta([1]), "has no valid meta"),
+    "sample_shape 5": (set_meta({"model": "vanilla_gan", "sample_shape": 5}), "no valid sample_shape"),
+    "a string weight": (lambda a: a.__setitem__("layers/generator/000/0", np.array([["x"]])), "not numbers"),
+}
+
+
+@pytest.mark.parametrize("edit", WEIGHTS_EDITS)
+def test_a_hand_edited_weights_file_is_one_error_line(edit, pytorch_run, tmp_path, capsys):
+    weights = tmp_path / "weights.npz"
+    shutil.copy(pytorch_run / porting.INITIAL_WEIGHTS, weights)
+    change, message = WEIGHTS_EDITS[edit]
+    edit_npz(weights, change)
+    refused(capsys, message, tmp_path / "new", "--init-from", str(weights))
