@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import cpu, models
+from common import cpu, flags, models
 from common.errors import UsageError
 
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
@@ -28,6 +28,13 @@ LOSS_SCALE_INIT = 2.0**16
 LOSS_SCALE_GROWTH_INTERVAL = 2000
 KERAS_GROWTH_FACTOR, KERAS_BACKOFF_FACTOR = 2.0, 0.5
 SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale before a warning
+
+# Upper bounds of the flags that size memory, so that a typo (an extra zero) ends in a message
+# instead of an allocation of hundreds of GiB. Past them nothing fits a single machine anyway.
+MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
+MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
+MAX_EVALUATE = 1_000_000  # 100x the 10,000 samples the quality tables measure
+MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
 
 
 @dataclasses.dataclass
@@ -87,60 +94,10 @@ RESUME_KEYS = ("model", "framework", "width", "batch_size", "lr", "beta1", "beta
                "weight_decay", "ema_decay", "seed", "dataset", "data_dir", "data_limit", "image_size")
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints the whole usage block before an error; we want one line and exit 2."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        sys.exit(2)
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive integer, got {text}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
-
-
-def _unit_interval(text: str) -> float:
-    value = _positive_float(text) if text.strip() not in ("0", "0.0") else 0.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    return 0.0 if text.strip() in ("0", "0.0") else _positive_float(text)
-
-
 def build_parser(model: str, framework: str, defaults: dict) -> argparse.ArgumentParser:
     """The shared parser; `defaults` (from the model's hparams.py) override the fallbacks."""
     base = RunConfig(model=model, framework=framework)
-    parser = _OneLineErrorParser(
+    parser = flags.OneLineErrorParser(
         prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else f"{model}_{framework}",
         description=f"Train {model} in {framework}, optionally with automatic mixed precision.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -159,48 +116,48 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     precision.add_argument("--precision-report", action="store_true",
                            help="print, per layer, its weights' dtype and the dtype its output "
                                 "actually had in the first training step")
-    precision.add_argument("--init-scale", type=_positive_float, help="float16: first loss scale")
-    precision.add_argument("--growth-factor", type=_positive_float,
+    precision.add_argument("--init-scale", type=flags.positive_float, help="float16: first loss scale")
+    precision.add_argument("--growth-factor", type=flags.positive_float,
                            help="float16: scale multiplier after --growth-interval clean steps "
                                 "(PyTorch only; Keras always doubles)")
-    precision.add_argument("--backoff-factor", type=_positive_float,
+    precision.add_argument("--backoff-factor", type=flags.positive_float,
                            help="float16: scale multiplier on an overflow (PyTorch only; Keras "
                                 "always halves)")
-    precision.add_argument("--growth-interval", type=_positive_int,
+    precision.add_argument("--growth-interval", type=flags.positive_int,
                            help="float16: clean steps before the scale grows")
-    precision.add_argument("--min-loss-scale", type=_positive_float,
+    precision.add_argument("--min-loss-scale", type=flags.positive_float,
                            help="float16: warn once when the scale stays below this for "
                                 f"{SCALE_WARN_WINDOW} steps")
-    precision.add_argument("--nonfinite-patience", type=_positive_int,
+    precision.add_argument("--nonfinite-patience", type=flags.positive_int,
                            help="stop (with a checkpoint) when the losses have been inf/NaN for "
                                 "this many steps")
 
     model_group = parser.add_argument_group("model")
-    model_group.add_argument("--width", type=_positive_int,
+    model_group.add_argument("--width", type=flags.int_in(1, MAX_WIDTH),
                              help="the networks' width: hidden units of an MLP; DCGAN's base "
                                   "channels (G's last hidden layer, D's first)")
 
     training = parser.add_argument_group("training")
-    training.add_argument("--iters", type=_positive_int, help="training iterations")
-    training.add_argument("--batch-size", type=_positive_int, help="examples per iteration")
-    training.add_argument("--lr", type=_positive_float, help="learning rate")
-    training.add_argument("--beta1", type=_unit_interval, help="Adam beta1")
-    training.add_argument("--beta2", type=_unit_interval, help="Adam beta2")
+    training.add_argument("--iters", type=flags.positive_int, help="training iterations")
+    training.add_argument("--batch-size", type=flags.positive_int, help="examples per iteration")
+    training.add_argument("--lr", type=flags.positive_float, help="learning rate")
+    training.add_argument("--beta1", type=flags.unit_interval, help="Adam beta1")
+    training.add_argument("--beta2", type=flags.unit_interval, help="Adam beta2")
     training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")
-    training.add_argument("--weight-decay", type=_non_negative_float,
+    training.add_argument("--weight-decay", type=flags.non_negative_float,
                           help="decoupled weight decay (adamw only)")
     training.add_argument("--xla", action="store_true",
                           help="TensorFlow: compile the training step with XLA (jit_compile)")
     training.add_argument("--compile", action="store_true",
                           help="PyTorch: compile the networks with torch.compile (static shapes; "
                                "the first steps are slow while it compiles)")
-    training.add_argument("--clip-grad-norm", type=_non_negative_float,
+    training.add_argument("--clip-grad-norm", type=flags.non_negative_float,
                           help="clip the global gradient norm of each network (0: off); under "
                                "float16 the gradients are unscaled first")
-    training.add_argument("--ema-decay", type=_unit_interval, metavar="DECAY",
+    training.add_argument("--ema-decay", type=flags.unit_interval, metavar="DECAY",
                           help="GANs: sample and evaluate with an exponential moving average of "
                                "G's weights, e.g. 0.999 (0: off, G itself)")
-    training.add_argument("--seed", type=_non_negative_int, help="seeds Python, numpy and the framework")
+    training.add_argument("--seed", type=flags.seed, help="seeds Python, numpy and the framework (0 to 2**32 - 1)")
     training.add_argument("--init-from", metavar="RUN_DIR|WEIGHTS.npz",
                           help="start from the initial weights of another run, of either "
                                "framework (its initial_weights.npz), instead of a fresh init; "
@@ -214,7 +171,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     parallel.add_argument("--distribute", choices=("mirrored", "multi-worker"),
                           help="TensorFlow: MirroredStrategy (the local GPUs, or --replicas N logical "
                                "CPUs), or MultiWorkerMirroredStrategy (the cluster in TF_CONFIG)")
-    parallel.add_argument("--replicas", type=_positive_int,
+    parallel.add_argument("--replicas", type=flags.positive_int,
                           help="TensorFlow --distribute mirrored: N replicas (on a CPU, N logical "
                                "devices; on GPUs, the first N; default: every GPU)")
     parallel.add_argument("--sync-bn", action="store_true",
@@ -226,12 +183,12 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     data.add_argument("--dataset", choices=DATASET_CHOICES, help="training data")
     data.add_argument("--data-dir", help="folder with the dataset's files "
                                          "(mnist without it: the embedded copy)")
-    data.add_argument("--data-limit", type=_positive_int,
+    data.add_argument("--data-limit", type=flags.positive_int,
                       help="use only the first N training examples")
-    data.add_argument("--workers", type=_non_negative_int,
+    data.add_argument("--workers", type=flags.non_negative_int,
                       help="0: the dataset stays on the device; N: a host loader with N worker "
                            "processes (PyTorch DataLoader) or N parallel map calls (tf.data)")
-    data.add_argument("--image-size", type=_positive_int,
+    data.add_argument("--image-size", type=flags.int_in(1, MAX_IMAGE_SIZE),
                       help="resize images to N x N (image folders, or 28 -> 32 for conv nets)")
 
     output = parser.add_argument_group("run folder and logging")
@@ -240,16 +197,16 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                         help="continue the run in the run folder from its latest checkpoint")
     output.add_argument("--overwrite", action="store_true",
                         help="start over in a run folder that already holds a run")
-    output.add_argument("--sample-every", type=_non_negative_int,
+    output.add_argument("--sample-every", type=flags.non_negative_int,
                         help="save a sample grid every N iterations (0: only at the end)")
-    output.add_argument("--log-every", type=_positive_int,
+    output.add_argument("--log-every", type=flags.positive_int,
                         help="read losses from the device every N iterations")
-    output.add_argument("--checkpoint-every", type=_non_negative_int,
+    output.add_argument("--checkpoint-every", type=flags.non_negative_int,
                         help="checkpoint every N iterations (0: only at the end)")
-    output.add_argument("--evaluate", type=_non_negative_int, metavar="N",
+    output.add_argument("--evaluate", type=flags.int_in(0, MAX_EVALUATE), metavar="N",
                         help="after training, measure quality on N generated samples (FID, "
                              "precision/recall, modes; VAE: test ELBO/IWAE) into summary.json")
-    output.add_argument("--iwae-k", type=_positive_int,
+    output.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K),
                         help="importance samples per test image for the VAE's IWAE bound")
     output.add_argument("--profile", action="store_true",
                         help="profile a short window of steps and write a trace to the run folder")
@@ -323,6 +280,8 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError("--weight-decay needs --optimizer adamw (Adam's L2 penalty is not offered)")
     if cfg.dataset in ("fashion-mnist", "cifar10", "folder") and not cfg.data_dir:
         raise UsageError(f"--dataset {cfg.dataset} needs --data-dir (no embedded copy)")
+    if cfg.out and (problem := flags.output_problem(Path(cfg.out), folder=True)):
+        raise UsageError(f"--out: {problem}")
     if cfg.data_limit is not None and cfg.data_limit < cfg.batch_size:
         raise UsageError(f"--data-limit {cfg.data_limit} is smaller than --batch-size "
                          f"{cfg.batch_size}: not one full batch")

@@ -1,5 +1,18 @@
 """Errors a user can cause. The command-line entry points print them as one line and exit;
 everything else is a bug and keeps its traceback."""
+from __future__ import annotations
+
+import errno
+import re
+import sys
+
+# OSErrors that are the file system's answer, not a bug: the user fixes them (another --out,
+# free space, permissions), so they are one line like a UserError. A missing file is not among
+# them: the paths a user names are checked where they are read, and any other is the code's.
+FILE_SYSTEM_ERRNOS = {errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EROFS, errno.ENOSPC,
+                      errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
+                      errno.EIO}
+OUT_OF_MEMORY_HINT = "ask for less: a smaller batch, width, image size or sample count"
 
 
 class UserError(Exception):
@@ -26,10 +39,55 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not belong to this run."""
 
 
+def file_system_problem(error: BaseException) -> str | None:
+    """One line for an OSError the file system raised (not a folder, read-only, disk full, no
+    permission), naming the path where the error has one; None for anything else."""
+    if not isinstance(error, OSError) or error.errno not in FILE_SYSTEM_ERRNOS:
+        return None
+    reason = error.strerror or str(error)
+    path = error.filename or _file_being_written(error)
+    return f"{path}: {reason}" if path else f"cannot write the output: {reason}"
+
+
+def _file_being_written(error: BaseException) -> str | None:
+    """A failed write() names no path (disk full while a library saves a PNG): the open file in
+    the innermost frame that holds one does."""
+    import io
+    import traceback
+
+    for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return value.name
+    return None
+
+
+def out_of_memory_problem(error: BaseException) -> str | None:
+    """One line for a failed allocation (numpy, PyTorch on the CPU or a GPU, TensorFlow), None
+    for anything else. The frameworks are only looked at when the script has imported them."""
+    torch, tf = sys.modules.get("torch"), sys.modules.get("tensorflow")
+    memory = (isinstance(error, MemoryError)  # numpy's _ArrayMemoryError too
+              or isinstance(error, getattr(torch, "OutOfMemoryError", ()))
+              # PyTorch's CPU allocator raises a plain RuntimeError
+              or (isinstance(error, RuntimeError) and "DefaultCPUAllocator" in str(error))
+              or isinstance(error, getattr(getattr(tf, "errors", None), "ResourceExhaustedError", ())))
+    if not memory:
+        return None
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if "DefaultCPUAllocator" in first:  # past PyTorch's "[enforce fail at alloc_cpu.cpp:127] ..."
+        first = first[first.index("DefaultCPUAllocator"):]
+    # TensorFlow's: "{{function_node ...}} OOM when allocating tensor with shape[...] ... on /job:..."
+    first = re.sub(r"^\{\{[^}]*\}\}\s*", "", first).split(" on /job:")[0]
+    detail = f" ({first[:200]})" if first else ""
+    return f"out of memory{detail}; {OUT_OF_MEMORY_HINT}"
+
+
 def exit_on_user_error(main):
-    """Wrap a script's main(): a UserError becomes one line on stderr and its exit status."""
+    """Wrap a script's main(): a UserError becomes one line on stderr and its exit status; so do
+    the file system's refusals and running out of memory (exit status 1). Other errors keep
+    their traceback."""
     import functools
-    import sys
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -39,5 +97,11 @@ def exit_on_user_error(main):
             if not error.quiet:
                 sys.stderr.write(f"error: {error}\n")
             sys.exit(error.exit_code)
+        except Exception as error:
+            line = file_system_problem(error) or out_of_memory_problem(error)
+            if line is None:
+                raise
+            sys.stderr.write(f"error: {line}\n")
+            sys.exit(1)
 
     return wrapper

@@ -47,12 +47,44 @@ class Side:
                       if (m := SAMPLE_NAME.match(p.name)))
 
 
+def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
+    """A run folder's JSON object (config.json, summary.json) holding `keys`; one UserError
+    line naming the file, and `hint` (what to do), when it is missing, unreadable or damaged."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path.parent} has no {path.name}{hint}") from None
+    except OSError as error:
+        raise UserError(f"{path} is unreadable ({error.strerror or error}){hint}") from None
+    except ValueError as error:  # not JSON (a run stopped mid-write, an edit), or not text
+        raise UserError(f"{path} is damaged: not valid JSON ({error}){hint}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is damaged: a JSON {type(value).__name__}, not an object{hint}")
+    missing = [key for key in keys if key not in value]
+    if missing:
+        raise UserError(f"{path} is damaged: no {', '.join(map(repr, missing))}{hint}")
+    return value
+
+
 def load_side(path: Path, label: str | None = None) -> Side:
-    """Read a run folder; one UserError line when it is not a finished run."""
+    """Read a run folder; one UserError line when it is not a finished run or a file of it is
+    damaged."""
     run = RunFolder(path)
-    config, summary = run.read_finished()
+    for name in ("config.json", "summary.json"):
+        if not (run.path / name).is_file():
+            raise UserError(f"{run.path} is not a finished run (no {name})")
+    hint = "; train the run again (compare.py --overwrite)"
+    config = read_json(run.path / "config.json", ("framework", "precision"), hint)
+    summary = read_json(run.path / "summary.json", ("step",), hint)
+    try:
+        history = run.read_history()
+    except (OSError, ValueError) as error:
+        raise UserError(f"{run.history_file} is damaged ({error}){hint}") from None
+    if not all(isinstance(row, dict) and "step" in row for row in history):
+        raise UserError(f"{run.history_file} is damaged: a line that is not a logged step{hint}")
     label = label or f"{config['framework']} {config['precision']}"
-    return Side(label, run, config, summary, run.read_history())
+    return Side(label, run, config, summary, history)
 
 
 def matching_steps(sides: list[Side], most: int = 4) -> list[int]:
@@ -64,9 +96,18 @@ def matching_steps(sides: list[Side], most: int = 4) -> list[int]:
     return [common[i] for i in sorted(set(picks))]
 
 
+def read_png(path: Path) -> np.ndarray:
+    """A saved sample grid; one UserError line when the file is not a readable PNG."""
+    try:
+        return plt.imread(path)
+    except (OSError, SyntaxError, ValueError) as error:  # Pillow's "not a PNG file" is a SyntaxError
+        raise UserError(f"{path} is not a readable PNG image ({error}); delete it or train the "
+                        "run again") from None
+
+
 def read_grid(side: Side, step: int) -> np.ndarray:
     """A saved grid as float RGB in [0, 1]."""
-    image = plt.imread(side.run.sample_path(step))
+    image = read_png(side.run.sample_path(step))
     return image[..., :3].astype(np.float64)
 
 
@@ -86,7 +127,7 @@ def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
     for row, step in enumerate(steps):
         for column, side in enumerate(sides):
             axis = axes[row][column]
-            axis.imshow(plt.imread(side.run.sample_path(step)))
+            axis.imshow(read_png(side.run.sample_path(step)))
             axis.set_xticks([])
             axis.set_yticks([])
             if row == 0:

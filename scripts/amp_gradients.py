@@ -19,7 +19,6 @@ training run; how far a gradient errs does not by itself say what AMP costs a wh
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import torch
 from common import data as datasets
 from common import models
 from common.errors import UsageError, exit_on_user_error
+from common.flags import OneLineErrorParser
 from scripts.parity import torch_to_keras
 
 # The GANs whose step is D's loss on a real and a fake batch, then G's through D (WGAN-GP's critic
@@ -152,7 +152,7 @@ def table(result: dict) -> str:
 
 @exit_on_user_error
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=GAN_MODELS, default="vanilla_gan")
     parser.add_argument("--width", type=int, help="the networks' width (default: the model's)")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -33,7 +33,6 @@ Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -43,9 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import cpu, models
+from common import cpu, flags, models
 from common.errors import UsageError, UserError, exit_on_user_error
-from common.runs import atomic_write
+from common.runs import RunFolder, atomic_write
 
 # Every row names TensorFloat-32 (a GPU's float32 matmuls and convolutions with a 10-bit
 # mantissa): off, so that fp32 is IEEE float32 and the AMP rows differ from it by autocast
@@ -61,12 +60,38 @@ PRESETS = {
 }
 
 
+def run_folder(model: str, framework: str, precision: str, compiled: bool, workers: int, replicas: int,
+               args) -> Path:
+    return args.out / model / (f"{framework}-{precision}{'-compiled' if compiled else ''}"
+                               f"{f'-workers{workers}' if workers else ''}"
+                               f"{f'-replicas{replicas}' if args.replicas else ''}")
+
+
+# A configuration's folder has the layout of a training run's (runs/<model>/<framework>-<precision>),
+# and the script is run with --overwrite there: `--out runs` would delete trained runs. So the
+# benchmark marks the runs it makes ("benchmark": true in config.json) and replaces no other.
+def check_replaceable(folder: Path) -> None:
+    """One UserError line unless `folder` is new, empty, or holds a run a benchmark made."""
+    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+        return
+    config = RunFolder(folder).read_config()
+    if config is None or config.get("benchmark") is not True:
+        held = "a run the benchmark did not make" if config else "files that are not a run"
+        raise UserError(f"{folder} holds {held}, which the benchmark would delete; "
+                        "pass another --out (default runs/benchmark)")
+
+
+def mark_as_benchmark(folder: Path) -> None:
+    config = RunFolder(folder).read_config()
+    if config is not None and config.get("benchmark") is not True:
+        atomic_write(folder / "config.json", lambda f: f.write(
+            json.dumps({**config, "benchmark": True}, indent=2, sort_keys=True).encode()))
+
+
 def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, replicas: int, args) -> dict:
     compiler, compiler_flag = COMPILERS[framework] if compiled else ("-", None)
     loader = f"{workers} workers" if workers else "resident"
-    folder = args.out / model / (f"{framework}-{precision}{'-compiled' if compiled else ''}"
-                                 f"{f'-workers{workers}' if workers else ''}"
-                                 f"{f'-replicas{replicas}' if args.replicas else ''}")
+    folder = run_folder(model, framework, precision, compiled, workers, replicas, args)  # main() checked it
     launcher, distribute = [sys.executable], []
     if replicas > 1 and framework == "pytorch":
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(replicas)]
@@ -83,7 +108,10 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     name = (f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}{f' {loader}' if workers else ''}"
             f"{f' x{replicas}' if replicas > 1 else ''}")
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
-    result = subprocess.run(command, cwd=models.REPO, capture_output=True, text=True, env=environment)
+    try:
+        result = subprocess.run(command, cwd=models.REPO, capture_output=True, text=True, env=environment)
+    finally:  # a failed or interrupted run too: the next benchmark may replace it
+        mark_as_benchmark(folder)
     if result.returncode != 0:
         raise UserError(f"{name} failed (exit {result.returncode}): "
                         f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
@@ -115,9 +143,9 @@ def markdown(rows: list[dict], machine: dict) -> str:
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="Other flags (--batch-size, --device, --dataset, ...) "
-                                            "go to every configuration.")
+    parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0],
+                                      epilog="Other flags (--batch-size, --device, --dataset, ...) "
+                                             "go to every configuration.")
     parser.add_argument("--models", nargs="+", choices=models.NAMES, default=list(models.MODELS))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--precisions", nargs="+", choices=tuple(PRECISION_FLAGS),
@@ -155,6 +183,8 @@ def main(argv=None) -> int:
                       for workers in ((0, args.workers) if args.workers else (0,))
                       for replicas in ((1, args.replicas) if args.replicas else (1,))
                       if not (framework == "tensorflow" and compiled and replicas > 1)]
+    for configuration in configurations:  # before the first run, not an hour into them
+        check_replaceable(run_folder(*configuration, args))
     runs = {configuration: [] for configuration in configurations}
     for _ in range(args.repeat):  # round robin: a slow spell of the machine hits every configuration
         for configuration in configurations:

@@ -23,7 +23,6 @@ overlays them (the last line printed says so).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import models, report
 from common.config import RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error
+from common.flags import OneLineErrorParser, output_folder
 
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype")
@@ -82,10 +82,8 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
     if not reuse:
         raise UsageError(f"{folder} already holds a run: --reuse to use it (if its settings match) "
                          "or --overwrite to train it again")
-    try:
-        saved = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        raise UsageError(f"{folder} has no readable config.json: --overwrite to train it again") from None
+    again = "; --overwrite to train it again"
+    saved = report.read_json(folder / "config.json", hint=again)
     expected = plan.expected()
     differing = [k for k in MATCHING if saved.get(k) != expected.get(k)]
     if differing:
@@ -93,7 +91,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         raise UsageError(f"cannot reuse {folder}: other settings ({changes}); --overwrite to train "
                          "it again, or --runs for another folder")
     summary_path = folder / "summary.json"
-    done = json.loads(summary_path.read_text())["step"] if summary_path.exists() else 0
+    done = report.read_json(summary_path, ("step",), again)["step"] if summary_path.exists() else 0
     if done == plan.config.iters:
         return None
     if done > plan.config.iters:
@@ -113,7 +111,7 @@ def train(plan: Plan, extra: list[str]) -> None:
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         description=__doc__.splitlines()[0],
         epilog="Any other flag (--iters, --batch-size, --lr, --seed, --dataset, --data-dir, "
                "--amp-dtype, --sample-every, ...) goes to both runs unchanged.")
@@ -126,8 +124,9 @@ def parse(argv):
     parser.add_argument("--reuse", action="store_true",
                         help="use runs that already exist with the same settings")
     parser.add_argument("--overwrite", action="store_true", help="train existing runs again")
-    parser.add_argument("--runs", default="runs", help="root of the run folders")
-    parser.add_argument("--report", help="report folder (default <runs>/<model>/compare-...)")
+    parser.add_argument("--runs", type=output_folder, default="runs", help="root of the run folders")
+    parser.add_argument("--report", type=output_folder,
+                        help="report folder (default <runs>/<model>/compare-...)")
     args, flags = parser.parse_known_args(argv)
     for flag in flags:
         if flag.split("=")[0] in OWN_FLAGS:

@@ -15,7 +15,6 @@ judged. Target for float32: every difference at or below 1e-5.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,6 +29,8 @@ import torch
 
 from common import data as datasets
 from common import models
+from common.errors import exit_on_user_error
+from common.flags import OneLineErrorParser
 from common.pytorch import porting as torch_porting
 from common.tensorflow import porting as keras_porting
 from GAN.dcgan import hparams as dcgan_hparams
@@ -145,8 +146,9 @@ def mnist_images(image_size: int | None, channels: int) -> np.ndarray:
     return np.repeat(datasets.to_unit_range(test.x), channels, axis=-1)
 
 
+@exit_on_user_error
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=(*models.NAMES, "all"), default="all")
     parser.add_argument("--image-size", type=int, choices=sorted(dcgan_hparams.GEOMETRY), default=28)
     parser.add_argument("--channels", type=int, choices=(1, 3), default=1)

@@ -23,7 +23,6 @@ tell AMP's cost from chance.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -32,13 +31,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import models
-from common.config import POINT_DATASETS, RESUME_KEYS, parse_args
+from common import flags, models
+from common.config import MAX_EVALUATE, MAX_IWAE_K, POINT_DATASETS, RESUME_KEYS, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
+from common.report import read_json
 from common.runs import RunFolder, atomic_write
 
 DATASETS = ("mnist", *POINT_DATASETS)
+AGAIN = "; --overwrite to train it again"
 COLUMNS = (("fid", "FID", 2), ("precision", "precision", 3), ("recall", "recall", 3),
            ("classes_covered", "classes", 0), ("modes_covered", "modes", 0),
            ("high_quality", "high quality", 3), ("test_elbo", "test ELBO", 1))
@@ -66,9 +67,9 @@ def measured_float32_fid(folder: Path, wanted: dict) -> float | None:
     """The FID of a finished float32 run of these settings measured before, or None: what AMP's
     "FID vs fp32" is divided by when this call trains no float32 run (--precisions amp)."""
     try:
-        config = json.loads((folder / "config.json").read_text())
-        summary = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
+        config = read_json(folder / "config.json")
+        summary = read_json(folder / "summary.json")
+    except UserError:  # none, or damaged: this call has no float32 FID to divide by
         return None
     if settings_differences(config, wanted) or summary.get("step") != config.get("iters"):
         return None
@@ -80,11 +81,11 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     summary of a finished, measured run of today's settings, else None)."""
     summary_path = folder / "summary.json"
     if args.table_only:
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        summary = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
         finished = summary.get("metrics") and not summary.get("stopped_early")
         if not finished:
             return None
-        config = json.loads((folder / "config.json").read_text())
+        config = read_json(folder / "config.json", hint=AGAIN)
         wanted = training_settings(model, dataset, framework, amp, args, seed)
         return None if settings_differences(config, wanted) else summary
     extra = []
@@ -92,16 +93,16 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
         if args.overwrite:
             extra = ["--overwrite"]
         else:
-            config = json.loads((folder / "config.json").read_text())
+            config = read_json(folder / "config.json", ("iters",), AGAIN)
             differences = settings_differences(config, training_settings(model, dataset, framework, amp, args, seed))
             if differences:
                 raise UsageError(f"{folder} holds a run of other settings ({'; '.join(differences)}); "
                                  "--overwrite to train it again, or --runs for another folder")
-            done = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+            done = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
             if done.get("step") == config["iters"]:
                 if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
                     evaluate_run(folder, args.samples, args.iwae_k)
-                return json.loads(summary_path.read_text())
+                return read_json(summary_path, ("step",), AGAIN)
             # A run stopped before its first checkpoint has nothing to resume: start it over.
             extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
     command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder),
@@ -112,7 +113,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     status = subprocess.run(command, cwd=models.REPO).returncode
     if status != 0:
         raise UserError(f"the run in {folder} failed (exit {status}); its output is above")
-    return json.loads(summary_path.read_text())
+    return read_json(summary_path, ("step",), AGAIN)
 
 
 def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict], dict[int, float]]:
@@ -133,7 +134,7 @@ def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict
             summary = ensure(folder, model, dataset, framework, amp, args, seed)
             if summary is None:
                 continue
-            config = json.loads((folder / "config.json").read_text())
+            config = read_json(folder / "config.json", ("precision",), AGAIN)
             metrics = summary.get("metrics", {})
             row = {"model": model, "dataset": dataset, "framework": framework, "precision": config["precision"],
                    "seed": seed, "folder": str(folder), "steps": summary["step"], "metrics": metrics}
@@ -202,27 +203,26 @@ def markdown(rows: list[dict], seed_column: bool = False) -> str:
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=models.NAMES, default=list(models.MODELS))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS),
                         help="those each model takes: the 2-D mixtures only where the model does")
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "amp"), default=["fp32", "amp"],
                         help="fp32 alone where AMP is slow to train (bfloat16 emulated on an AVX2-only CPU)")
-    parser.add_argument("--iters", type=int, help="override every model's default budget")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+    parser.add_argument("--iters", type=flags.positive_int, help="override every model's default budget")
+    parser.add_argument("--seeds", nargs="+", type=flags.seed, default=[0],
                         help="train each run once per seed; with two or more, their means and spread follow")
-    parser.add_argument("--samples", type=int, default=10_000, help="generated samples per run")
-    parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
-    parser.add_argument("--runs", type=Path, default=Path("runs/quality"))
+    parser.add_argument("--samples", type=flags.int_in(10, MAX_EVALUATE), default=10_000,
+                        help="generated samples per run")
+    parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K), help="VAE: importance samples per test image")
+    parser.add_argument("--runs", type=flags.output_folder, default="runs/quality")
     parser.add_argument("--overwrite", action="store_true", help="train every run again")
     parser.add_argument("--table-only", action="store_true",
                         help="train and measure nothing: tabulate the measured runs there are")
     args = parser.parse_args(argv)
-    if args.samples < 10 or (args.iters is not None and args.iters < 1):
-        raise UsageError("--samples must be at least 10 and --iters at least 1")
-    if not all(0 <= seed < 2**32 for seed in args.seeds) or len(set(args.seeds)) != len(args.seeds):
-        raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds from 0 to 2**32 - 1")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds")
 
     from common import evaluation
 

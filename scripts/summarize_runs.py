@@ -6,37 +6,48 @@ The figures are the runs' own: median step time over the logged intervals (the f
 interval, which includes graph tracing and warm-up, is left out), samples/s at that median,
 peak memory (CPU: peak resident set of the process; CUDA: allocator peak).
 """
-import argparse
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
+
+from common.errors import UserError, exit_on_user_error
+from common.flags import OneLineErrorParser
+from common.report import read_json
 
 COLUMNS = ("run", "precision", "device", "steps", "median ms/step", "samples/s",
            "peak MB", "skipped", "final losses")
 NOT_LOSSES = ("loss_scale", "skipped", "skipped_total")
 
 
+def number(value, digits: int) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
 def rows(folders):
     for folder in folders:
+        if not Path(folder).is_dir():
+            raise UserError(f"{folder} is not a folder (name folders holding run folders)")
         for summary_path in sorted(Path(folder).rglob("summary.json")):
             run = summary_path.parent
-            summary = json.loads(summary_path.read_text())
-            config = json.loads((run / "config.json").read_text())
-            losses = ", ".join(f"{k} {v:.3f}" for k, v in summary.get("final", {}).items()
+            hint = "; delete the run folder or train it again"
+            summary = read_json(summary_path, ("model", "framework", "step"), hint)
+            config = read_json(run / "config.json", ("precision", "device"), hint)
+            losses = ", ".join(f"{k} {number(v, 3)}" for k, v in summary.get("final", {}).items()
                                if k not in NOT_LOSSES)
             yield (f"{summary['model']} {summary['framework']}", config["precision"],
-                   config["device"], str(summary["step"]), f"{summary['median_step_ms']:.2f}",
-                   f"{summary['samples_per_s']:.0f}", f"{summary['peak_memory_mb']:.0f}",
-                   str(summary["skipped_steps"]), losses or "-")
+                   config["device"], str(summary["step"]), number(summary.get("median_step_ms"), 2),
+                   number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),
+                   str(summary.get("skipped_steps", "-")), losses or "-")
 
 
+@exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", help="folders holding run folders")
     found = list(rows(parser.parse_args(argv).folders))
     if not found:
-        sys.stderr.write("error: no summary.json under those folders; train a model first\n")
-        return 1
+        raise UserError("no summary.json under those folders; train a model first")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for row in found:

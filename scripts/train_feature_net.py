@@ -41,9 +41,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from common import cpu
+from common import cpu, flags
 from common import data as datasets
-from common.config import RunConfig, _OneLineErrorParser
+from common.config import RunConfig
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
 from common.pytorch import runtime as torch_runtime
@@ -88,11 +88,12 @@ def state_to_arrays(net: MnistFeatureNet) -> dict[str, np.ndarray]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = _OneLineErrorParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate; divided by 10 for the last epoch")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = flags.OneLineErrorParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=flags.positive_int, default=4)
+    parser.add_argument("--batch-size", type=flags.positive_int, default=128)
+    parser.add_argument("--lr", type=flags.positive_float, default=1e-3,
+                        help="Adam learning rate; divided by 10 for the last epoch")
+    parser.add_argument("--seed", type=flags.seed, default=0, help="0 to 2**32 - 1")
     parser.add_argument("--amp", action="store_true",
                         help="automatic mixed precision: bfloat16 on CPU, float16 + loss scaling on CUDA")
     parser.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
@@ -102,21 +103,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "scripts' --tf32 (auto: PyTorch's default); no effect on a CPU")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
                         help="default cpu: the committed weights are the CPU run's, bit for bit")
-    parser.add_argument("--data-limit", type=int, help="train on the first N training images only")
-    parser.add_argument("--test-limit", type=int,
+    parser.add_argument("--data-limit", type=flags.positive_int, help="train on the first N training images only")
+    parser.add_argument("--test-limit", type=flags.positive_int,
                         help="test on the first N test images (default: all; --data-limit / 6 with --data-limit)")
-    parser.add_argument("--out", type=Path,
+    parser.add_argument("--out", type=flags.output_file,
                         help="where to write the weights (default: common/assets/mnist_feature_net.npz "
                              "from the reproducible run only, nowhere otherwise)")
-    parser.add_argument("--result-json", type=Path, help="also write the run's measurements to this JSON file")
+    parser.add_argument("--result-json", type=flags.output_file,
+                        help="also write the run's measurements to this JSON file")
     parser.add_argument("--precisions", nargs="+", choices=tuple(TABLE_PRECISIONS),
                         help="train once per precision, each in a fresh process, and print the markdown table")
-    parser.add_argument("--table-out", type=Path, help="with --precisions: also write the table to this file")
+    parser.add_argument("--table-out", type=flags.output_file,
+                        help="with --precisions: also write the table to this file")
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
-        parser.error("--epochs and --batch-size must be at least 1 and --lr positive")
-    if any(limit is not None and limit < 1 for limit in (args.data_limit, args.test_limit)):
-        parser.error("--data-limit and --test-limit must be at least 1")
     if args.amp_dtype != "auto" and not args.amp:
         raise UsageError(f"--amp-dtype {args.amp_dtype} needs --amp")
     if args.precisions:
@@ -257,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{result['peak_memory_mb']:.0f} MB, test accuracy {result['test_accuracy']:.4f} on "
           f"{result['test_images']:,} MNIST test images")
     if args.result_json:
+        args.result_json.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(args.result_json, lambda file: file.write(json.dumps(result, indent=2).encode()))
     destination = weights_destination(args)
     if destination is None:

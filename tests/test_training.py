@@ -190,7 +190,12 @@ def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
     assert "vanilla_gan tensorflow | amp-bf16 | cpu | 4 |" in table[3]
     final = json.loads((tmp_path / "runs" / "pt" / "summary.json").read_text())["final"]
     assert table[2].endswith(f"| d_loss {final['d_loss']:.3f}, g_loss {final['g_loss']:.3f} |")
-    assert summarize_runs.main([str(tmp_path / "empty")]) == 1
+    (tmp_path / "empty").mkdir()
+    for folder in ("empty", "missing"):  # one line each, exit status 1
+        with pytest.raises(SystemExit) as stopped:
+            summarize_runs.main([str(tmp_path / folder)])
+        assert stopped.value.code == 1
+        assert len(capsys.readouterr().err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

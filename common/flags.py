@@ -1,0 +1,112 @@
+"""The argument parser every script builds, and the flag values they share.
+
+Bad flags end as one line, `PROG: error: ... (see --help)`, and exit status 2, in the model
+scripts and the helper scripts alike; a value that cannot work (a seed numpy refuses, an
+output path under a file) is refused here, before any data is loaded or anything trained.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+MAX_SEED = 2**32 - 1  # numpy's seeds are 32-bit
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block before an error; we want one line and exit 2.
+    --help still prints the full help."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = integer(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive integer, got {text}")
+    return value
+
+
+def int_in(low: int, high: int):
+    """An integer flag from `low` to `high`: the bound keeps an absurd value (a typo, an extra
+    zero) from ending in an allocation of hundreds of GiB instead of a message."""
+
+    def parse(text: str) -> int:
+        value = integer(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
+        return value
+
+    return parse
+
+
+seed = int_in(0, MAX_SEED)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0 or math.isinf(value):  # `not >` also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def unit_interval(text: str) -> float:
+    value = positive_float(text) if text.strip() not in ("0", "0.0") else 0.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0.0") else positive_float(text)
+
+
+def output_problem(path: Path, folder: bool) -> str | None:
+    """Why `path` cannot be written (as a folder, or as a file), or None when it can: checked
+    when the flags are read, so that a typo ends before training, not after it."""
+    if os.path.exists(path):
+        if folder != os.path.isdir(path):
+            return f"{path} is a {'file' if folder else 'folder'}, not a {'folder' if folder else 'file'}"
+    # The nearest folder that exists is where the first file or folder will be created.
+    start = path if folder else path.parent
+    nearest = next(p for p in (start, *start.parents) if os.path.exists(p))
+    if not os.path.isdir(nearest):
+        return f"{nearest} is a file, so {path} cannot be created under it"
+    if not os.access(nearest, os.W_OK):
+        return f"{nearest} is not writable (read-only or another user's)"
+    return None
+
+
+def _output(folder: bool):
+    def parse(text: str) -> Path:
+        problem = output_problem(Path(text), folder)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return Path(text)
+
+    return parse
+
+
+output_folder = _output(folder=True)  # type= of a flag naming a folder to write into (a Path)
+output_file = _output(folder=False)   # type= of a flag naming a file to write (a Path)

@@ -1,0 +1,269 @@
+"""Bad input to any script (wrong flags, damaged run files, an output path it cannot write, a
+size that does not fit in memory) ends as one error line and a non-zero exit, not a traceback."""
+import errno
+import importlib
+import json
+import re
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from common.config import parse_args
+from common.errors import UsageError, exit_on_user_error
+
+TINY = ["--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64", "--no-tensorboard",
+        "--device", "cpu"]
+
+
+def one_line_exit(capsys, call, code=None) -> str:
+    """Run `call`; it must exit (with `code` when given, else non-zero) after one stderr line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        call()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == code if code is not None else exit_info.value.code not in (0, None), err
+    assert err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# --- 1. every script's bad flag: one line, exit 2; --help still prints the whole help -----------
+@pytest.mark.parametrize("script, argv", [
+    ("compare", ["--model", "no_such_model"]),
+    ("evaluate", ["--no-such-flag"]),
+    ("benchmark", ["--repeat", "many"]),
+    ("quality_table", ["--no-such-flag"]),
+    ("parity", ["--no-such-flag"]),
+    ("amp_gradients", ["--no-such-flag"]),
+    ("bf16_rounding", ["--no-such-flag"]),
+    ("summarize_runs", ["--no-such-flag", "runs"]),
+    ("train_feature_net", ["--no-such-flag"]),
+])
+def test_a_helper_scripts_bad_flag_is_one_line(script, argv, capsys):
+    main = importlib.import_module(f"scripts.{script}").main
+    err = one_line_exit(capsys, lambda: main(argv), code=2)
+    assert "error:" in err and "(see --help)" in err
+
+
+def test_help_still_prints_the_whole_help(capsys):
+    from scripts import summarize_runs
+
+    with pytest.raises(SystemExit) as exit_info:
+        summarize_runs.main(["--help"])
+    assert exit_info.value.code == 0 and len(capsys.readouterr().out.splitlines()) > 3
+
+
+# --- 2. and 4. values numpy or the memory cannot take: refused when the flags are read ----------
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("flag, value", [
+    ("--seed", "4294967296"), ("--seed", "-1"), ("--image-size", "100000"),
+    ("--width", "1000000000000"), ("--evaluate", "100000000000"), ("--iwae-k", "100000000000"),
+])
+def test_values_out_of_range_are_refused_at_parse_time(framework, flag, value, capsys):
+    err = one_line_exit(capsys, lambda: parse_args("vanilla_gan", framework, [flag, value]), code=2)
+    assert f"argument {flag}: must be from" in err
+
+
+def test_the_largest_seed_is_taken():
+    assert parse_args("vanilla_gan", "pytorch", ["--seed", str(2**32 - 1)]).seed == 2**32 - 1
+
+
+def test_dcgan_refuses_a_huge_image_size_before_loading_anything(tmp_path, capsys):
+    from GAN.dcgan import dcgan_pytorch
+
+    argv = [*TINY, "--dataset", "folder", "--data-dir", str(tmp_path / "nowhere"), "--image-size", "100000"]
+    assert "--image-size" in one_line_exit(capsys, lambda: dcgan_pytorch.main(argv), code=2)
+
+
+# --- 3. an --out the run cannot write ----------------------------------------------------------
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("where", ["afile", "afile/sub"])
+def test_out_that_is_or_lies_under_a_file_is_one_line(framework, where, tmp_path, capsys):
+    from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+
+    (tmp_path / "afile").write_text("")
+    main = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}[framework].main
+    err = one_line_exit(capsys, lambda: main([*TINY, "--out", str(tmp_path / where)]), code=2)
+    assert f"{tmp_path / 'afile'} is a file" in err
+
+
+def test_a_read_only_out_is_refused_at_parse_time(tmp_path, monkeypatch):
+    import os
+
+    real_access = os.access  # root may write anywhere: pretend tmp_path is read-only
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path) and real_access(path, mode))
+    with pytest.raises(UsageError, match=re.escape(f"--out: {tmp_path} is not writable")):
+        parse_args("vanilla_gan", "pytorch", ["--out", str(tmp_path / "run")])
+
+
+@pytest.mark.parametrize("error, expected", [
+    (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/runs/afile/sub"), "/runs/afile/sub: Not a directory"),
+    (OSError(errno.EROFS, "Read-only file system", "/ro/run"), "/ro/run: Read-only file system"),
+    (PermissionError(errno.EACCES, "Permission denied", "/root/run"), "/root/run: Permission denied"),
+    (OSError(errno.ENOSPC, "No space left on device"), "cannot write the output: No space left on device"),
+])
+def test_file_system_errors_become_one_line_naming_the_path(error, expected, capsys):
+    @exit_on_user_error
+    def main():
+        raise error
+
+    assert one_line_exit(capsys, main, code=1) == f"error: {expected}"
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path, capsys):
+    @exit_on_user_error
+    def main():
+        with open(tmp_path / "sample.png", "wb") as file:  # a failed write() knows no path
+            file.write(b"x")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert one_line_exit(capsys, main, code=1) == f"error: {tmp_path / 'sample.png'}: No space left on device"
+
+
+@pytest.mark.parametrize("error", [KeyError("step"), FileNotFoundError(errno.ENOENT, "gone", "x"),
+                                   RuntimeError("shape mismatch")])
+def test_programming_errors_keep_their_traceback(error):
+    @exit_on_user_error
+    def main():
+        raise error
+
+    with pytest.raises(type(error)):
+        main()
+
+
+# --- 4. a genuine out-of-memory: one line ------------------------------------------------------
+def out_of_memory_errors():
+    import tensorflow as tf
+    import torch
+
+    try:
+        np.zeros((10**7, 10**7))  # 728 TiB: refused at once
+    except MemoryError as error:  # numpy's _ArrayMemoryError
+        too_big = error
+    return [too_big,
+            RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                         "memory: you tried to allocate 4000000000000000 bytes."),
+            torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 559.00 GiB"),
+            tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[100000]")]
+
+
+@pytest.mark.parametrize("index", range(4), ids=["numpy", "torch-cpu", "torch-cuda", "tensorflow"])
+def test_out_of_memory_becomes_one_line(index, capsys):
+    error = out_of_memory_errors()[index]
+
+    @exit_on_user_error
+    def main():
+        raise error
+
+    err = one_line_exit(capsys, main, code=1)
+    assert err.startswith("error: out of memory (") and "smaller" in err and "enforce fail" not in err
+
+
+# --- 5. the feature net's flags ----------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "nan"], "--lr: must be a positive finite number"),
+    (["--lr", "inf"], "--lr: must be a positive finite number"),
+    (["--seed", "-1"], "--seed: must be from 0"),
+    (["--seed", "4294967296"], "--seed: must be from 0"),
+    (["--result-json", "{tmp}/afile/x.json"], "afile is a file"),
+    (["--out", "{tmp}"], "is a folder, not a file"),
+])
+def test_feature_net_flags_are_checked_before_training(argv, message, tmp_path, capsys):
+    from scripts import train_feature_net
+
+    (tmp_path / "afile").write_text("")
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    assert message in one_line_exit(capsys, lambda: train_feature_net.main(argv), code=2)
+
+
+# --- 6. damaged files in run folders -----------------------------------------------------------
+def fake_compare_runs(runs):
+    """The two run folders compare.py --reuse expects for TINY, as a finished run leaves them."""
+    from scripts import compare
+
+    folders = {}
+    for framework in ("pytorch", "tensorflow"):
+        plan = compare.Plan("vanilla_gan", framework, False, TINY, runs, "cpu")
+        (plan.folder / "samples").mkdir(parents=True)
+        (plan.folder / "config.json").write_text(json.dumps({**plan.expected(), "device": "cpu"}))
+        (plan.folder / "summary.json").write_text(json.dumps(
+            {"model": "vanilla_gan", "framework": framework, "step": 2, "median_step_ms": 1.0,
+             "samples_per_s": 8.0, "peak_memory_mb": 1.0, "skipped_steps": 0, "final": {"d_loss": 1.0}}))
+        (plan.folder / "history.jsonl").write_text(json.dumps({"step": 2, "d_loss": 1.0}) + "\n")
+        for step in (0, 2):
+            plt.imsave(plan.folder / "samples" / f"step_{step:06d}.png", np.zeros((8, 8)), cmap="gray")
+        folders[framework] = plan.folder
+    return folders
+
+
+def test_compare_reuses_sound_fake_runs(tmp_path):
+    from scripts import compare
+
+    fake_compare_runs(tmp_path / "runs")
+    assert compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]) == 0
+
+
+@pytest.mark.parametrize("name, content", [
+    ("config.json", "[1]"), ("summary.json", '{"step": 2, "med'), ("summary.json", "{}"),
+    ("history.jsonl", '{"step": 1, "d_lo\n{"step": 2, "d_loss": 1.0}\n'), ("samples/step_000002.png", "not a png"),
+])
+def test_compare_names_a_damaged_file_in_one_line(name, content, tmp_path, capsys):
+    from scripts import compare
+
+    folder = fake_compare_runs(tmp_path / "runs")["pytorch"]
+    (folder / name).write_text(content)
+    argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]
+    assert str(folder / name) in one_line_exit(capsys, lambda: compare.main(argv), code=1)
+
+
+@pytest.mark.parametrize("flag", ["--report", "--runs"])
+def test_compare_refuses_a_file_for_a_folder(flag, tmp_path, capsys):
+    from scripts import compare
+
+    fake_compare_runs(tmp_path / "runs")
+    (tmp_path / "afile").write_text("")
+    argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse", flag, str(tmp_path / "afile")]
+    assert "afile is a file, not a folder" in one_line_exit(capsys, lambda: compare.main(argv), code=2)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("summary.json", '{"step": 2, "med'), ("summary.json", "{}"), ("config.json", None),
+])
+def test_summarize_runs_names_a_damaged_file_in_one_line(name, content, tmp_path, capsys):
+    from scripts import summarize_runs
+
+    folder = fake_compare_runs(tmp_path / "runs")["tensorflow"]
+    if content is None:
+        (folder / name).unlink()
+    else:
+        (folder / name).write_text(content)
+    err = one_line_exit(capsys, lambda: summarize_runs.main([str(tmp_path / "runs")]), code=1)
+    assert name in err and str(folder) in err
+
+
+def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
+    from scripts import summarize_runs
+
+    fake_compare_runs(tmp_path / "runs")
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    assert "| vanilla_gan tensorflow | fp32 | cpu | 2 | 1.00 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, table_only", [("config.json", False), ("summary.json", True)])
+def test_quality_table_names_a_damaged_file_in_one_line(name, table_only, tmp_path, capsys):
+    from scripts import quality_table
+
+    folder = tmp_path / "quality" / "vanilla_gan" / "mnist" / "pytorch-fp32"
+    folder.mkdir(parents=True)
+    (folder / name).write_text('{"iters": 2, "precis')
+    argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "mnist", "--precisions", "fp32",
+            "--samples", "10", "--runs", str(tmp_path / "quality"), *(["--table-only"] if table_only else [])]
+    assert str(folder / name) in one_line_exit(capsys, lambda: quality_table.main(argv), code=1)
+
+
+def test_quality_table_refuses_a_file_for_runs(tmp_path, capsys):
+    from scripts import quality_table
+
+    (tmp_path / "afile").write_text("")
+    err = one_line_exit(capsys, lambda: quality_table.main(["--runs", str(tmp_path / "afile"), "--table-only"]), code=2)
+    assert "afile is a file, not a folder" in err
