@@ -47,44 +47,13 @@ class Side:
                       if (m := SAMPLE_NAME.match(p.name)))
 
 
-def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
-    """A run folder's JSON object (config.json, summary.json) holding `keys`; one UserError
-    line naming the file, and `hint` (what to do), when it is missing, unreadable or damaged."""
-    path = Path(path)
-    try:
-        value = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path.parent} has no {path.name}{hint}") from None
-    except OSError as error:
-        raise UserError(f"{path} is unreadable ({error.strerror or error}){hint}") from None
-    except ValueError as error:  # not JSON (a run stopped mid-write, an edit), or not text
-        raise UserError(f"{path} is damaged: not valid JSON ({error}){hint}") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{path} is damaged: a JSON {type(value).__name__}, not an object{hint}")
-    missing = [key for key in keys if key not in value]
-    if missing:
-        raise UserError(f"{path} is damaged: no {', '.join(map(repr, missing))}{hint}")
-    return value
-
-
 def load_side(path: Path, label: str | None = None) -> Side:
     """Read a run folder; one UserError line when it is not a finished run or a file of it is
     damaged."""
     run = RunFolder(path)
-    for name in ("config.json", "summary.json"):
-        if not (run.path / name).is_file():
-            raise UserError(f"{run.path} is not a finished run (no {name})")
-    hint = "; train the run again (compare.py --overwrite)"
-    config = read_json(run.path / "config.json", ("framework", "precision"), hint)
-    summary = read_json(run.path / "summary.json", ("step",), hint)
-    try:
-        history = run.read_history()
-    except (OSError, ValueError) as error:
-        raise UserError(f"{run.history_file} is damaged ({error}){hint}") from None
-    if not all(isinstance(row, dict) and "step" in row for row in history):
-        raise UserError(f"{run.history_file} is damaged: a line that is not a logged step{hint}")
+    config, summary = run.read_finished(hint="; train the run again (compare.py --overwrite)")
     label = label or f"{config['framework']} {config['precision']}"
-    return Side(label, run, config, summary, history)
+    return Side(label, run, config, summary, run.read_history())
 
 
 def matching_steps(sides: list[Side], most: int = 4) -> list[int]:

@@ -45,6 +45,28 @@ def atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
+    """A run folder's JSON object (config.json, summary.json) holding `keys`; one UserError
+    line naming the file, and `hint` (what to do), when it is missing, unreadable or damaged."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path} is not a regular file{hint}")
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path.parent} has no {path.name}{hint}") from None
+    except OSError as error:
+        raise UserError(f"{path} is unreadable ({error.strerror or error}){hint}") from None
+    except ValueError as error:  # not JSON (a run stopped mid-write, an edit), or not text
+        raise UserError(f"{path} is damaged: not valid JSON ({error}){hint}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is damaged: a JSON {type(value).__name__}, not an object{hint}")
+    missing = [key for key in keys if key not in value]
+    if missing:
+        raise UserError(f"{path} is damaged: no {', '.join(map(repr, missing))}{hint}")
+    return value
+
+
 def check_regular_file(path: Path, what: str) -> None:
     """Refuse anything but a regular file before opening it: a FIFO (or a device) named like a
     checkpoint or weights file would block the read forever."""
@@ -266,21 +288,17 @@ class RunFolder:
     def read_summary(self) -> dict:
         return json.loads((self.path / "summary.json").read_text())
 
-    def read_finished(self) -> tuple[dict, dict]:
-        """config.json and summary.json of a finished run; one UserError line otherwise."""
+    def read_finished(self, hint: str = "") -> tuple[dict, dict]:
+        """config.json and summary.json of a finished run (its framework, precision and step);
+        one UserError line, ending in `hint` (what to do), otherwise."""
         for name in ("config.json", "summary.json"):
             if not (self.path / name).exists():
                 raise UserError(f"{self.path} is not a finished run (no {name})")
-            if not (self.path / name).is_file():
-                raise UserError(f"{self.path / name} is not a regular file")
-        try:
-            config, summary = json.loads((self.path / "config.json").read_text()), self.read_summary()
-        except (OSError, ValueError) as error:
-            raise UserError(f"{self.path} has an unreadable config.json or summary.json ({error})") from None
-        step = summary.get("step") if isinstance(summary, dict) else None
-        if not isinstance(config, dict) or isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise UserError(f"{self.path} has a config.json or summary.json that no run wrote "
-                            "(not JSON objects, or no step)")
+        config = read_json(self.path / "config.json", ("framework", "precision"), hint)
+        summary = read_json(self.path / "summary.json", ("step",), hint)
+        step = summary["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise UserError(f"{self.path / 'summary.json'} is damaged: step {step!r}{hint}")
         return config, summary
 
     def sample_path(self, step: int, tag: str = "") -> Path:

@@ -34,6 +34,7 @@ from common import models, report
 from common.config import RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.flags import OneLineErrorParser, output_folder
+from common.runs import read_json
 
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype")
@@ -83,7 +84,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         raise UsageError(f"{folder} already holds a run: --reuse to use it (if its settings match) "
                          "or --overwrite to train it again")
     again = "; --overwrite to train it again"
-    saved = report.read_json(folder / "config.json", hint=again)
+    saved = read_json(folder / "config.json", hint=again)
     expected = plan.expected()
     differing = [k for k in MATCHING if saved.get(k) != expected.get(k)]
     if differing:
@@ -91,7 +92,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         raise UsageError(f"cannot reuse {folder}: other settings ({changes}); --overwrite to train "
                          "it again, or --runs for another folder")
     summary_path = folder / "summary.json"
-    done = report.read_json(summary_path, ("step",), again)["step"] if summary_path.exists() else 0
+    done = read_json(summary_path, ("step",), again)["step"] if summary_path.exists() else 0
     if done == plan.config.iters:
         return None
     if done > plan.config.iters:

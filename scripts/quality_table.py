@@ -35,8 +35,7 @@ from common import flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, POINT_DATASETS, RESUME_KEYS, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
-from common.report import read_json
-from common.runs import RunFolder, atomic_write
+from common.runs import RunFolder, atomic_write, read_json
 
 DATASETS = ("mnist", *POINT_DATASETS)
 AGAIN = "; --overwrite to train it again"

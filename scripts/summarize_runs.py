@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common.errors import UserError, exit_on_user_error
 from common.flags import OneLineErrorParser
-from common.report import read_json
+from common.runs import read_json
 
 COLUMNS = ("run", "precision", "device", "steps", "median ms/step", "samples/s",
            "peak MB", "skipped", "final losses")
