@@ -2,20 +2,24 @@
 
     python scripts/amp_gradients.py                        # the vanilla GAN, both frameworks
     python scripts/amp_gradients.py --model dcgan --batches 4
+    python scripts/amp_gradients.py --weights runs/lsgan/tensorflow-fp32   # a trained run's weights
 
-From the same weights (PyTorch's initialisation, ported into the Keras twin) and the same
-batches (MNIST training images in the model's range, N(0, I) noise), the GAN step's two
-gradients are computed in float32 and under AMP (bfloat16 autocast / the mixed_bfloat16
-policy, AMP on a CPU): D's, of its loss on a real and a fake batch, and G's, of its loss
-through D. Printed per weight: ||g_amp - g_fp32|| / ||g_fp32||, the mean over --batches. The
-two frameworks' float32 gradients are compared too, as sorted values (which a layout's
-transposition keeps): within 3e-3 here, batch norm amplifying float32's rounding; over 5e-2 the
-script stops, the twins' weights not paired as it assumes. So what the two AMP columns differ by
-is each framework's 16-bit arithmetic. On the CPU (TensorFlow's ops placed there too), eagerly:
-TensorFlow's bfloat16 MatMul rounds the same in tf.function (scripts/bf16_rounding.py). One step
-from the initial weights, D not updated before G's gradient: a look at the arithmetic, not a
-training run; how far a gradient errs does not by itself say what AMP costs a whole training
-(README, "What --amp does").
+From the same weights (PyTorch's initialisation, or with --weights a run's last checkpoint, of
+either framework, ported into the other twin) and the same batches (MNIST training images in
+the model's range, N(0, I) noise), the GAN step's two gradients are computed in float32 and
+under AMP (bfloat16 autocast / the mixed_bfloat16 policy, AMP on a CPU): D's, of its loss on a
+real and a fake batch, and G's, of its loss through D. Printed per weight and per network:
+||g_amp - g_fp32|| / ||g_fp32||, the mean over --batches; beside it, as the yardstick, how far
+one batch's float32 gradient is from the previous batch's (the minibatch noise every step has
+anyway). The two frameworks' float32 gradients are compared too, as sorted values (which a
+layout's transposition keeps): within 3e-3 at the initialisation, 2e-2 at DCGAN's trained
+weights, batch norm amplifying float32's rounding; over 5e-2 the script stops, the twins'
+weights not paired as it assumes. So what the two AMP columns differ by is each framework's
+16-bit arithmetic. On the CPU (TensorFlow's ops placed there too), eagerly: TensorFlow's
+bfloat16 MatMul rounds the same in tf.function (scripts/bf16_rounding.py). One step at fixed
+weights, D not updated before G's gradient: a look at the arithmetic, not a training run; how
+far a gradient errs does not by itself say what AMP costs a whole training (README, "What
+--amp does").
 """
 from __future__ import annotations
 
@@ -34,9 +38,10 @@ import torch
 
 from common import data as datasets
 from common import models
-from common.errors import UsageError, exit_on_user_error
+from common.errors import CheckpointError, UsageError, UserError, exit_on_user_error
 from common.flags import OneLineErrorParser
-from scripts.parity import torch_to_keras
+from common.runs import RunFolder, check_regular_file
+from scripts.parity import keras_to_torch, torch_to_keras
 
 # The GANs whose step is D's loss on a real and a fake batch, then G's through D (WGAN-GP's critic
 # loss has a gradient penalty, a second derivative, that this step does not compute).
@@ -54,6 +59,59 @@ def layout_free_gap(keras_gradient: np.ndarray, torch_gradient: np.ndarray) -> f
     """How far two gradients of one weight, each in its framework's layout, are apart: compared
     as sorted values, which a transposition keeps and another weight's would not."""
     return relative_error(np.sort(keras_gradient, axis=None), np.sort(torch_gradient, axis=None))
+
+
+def network_error(approximate: list[np.ndarray], exact: list[np.ndarray]) -> float:
+    """relative_error of a network's gradients taken together, as one vector."""
+    return relative_error(np.concatenate([g.ravel() for g in approximate]),
+                          np.concatenate([g.ravel() for g in exact]))
+
+
+def trained_run(folder: Path, model: str | None, width: int | None) -> tuple[dict, int, Path]:
+    """A finished MNIST run's config and its last checkpoint (step, path); one UserError line
+    when it is not one, or not of the --model and --width asked."""
+    run = RunFolder(folder)
+    config, _ = run.read_finished()
+    if config.get("model") not in GAN_MODELS:
+        raise UsageError(f"--weights {folder} is a run of {config.get('model')!r}; this script measures "
+                         f"{', '.join(GAN_MODELS)}")
+    if config["framework"] not in ("pytorch", "tensorflow") or type(config.get("width")) is not int:
+        raise UserError(f"{folder / 'config.json'} is damaged: framework {config['framework']!r}, "
+                        f"width {config.get('width')!r}")
+    if model not in (None, config["model"]) or width not in (None, config["width"]):
+        raise UsageError(f"--weights {folder} is {config['model']} at width {config['width']}: leave "
+                         "--model and --width out, or give the run's")
+    if config.get("dataset") != "mnist" or config.get("image_size") not in (None, 28) or config.get("data_dir"):
+        raise UsageError(f"--weights {folder} was trained on {config.get('dataset')!r}, not the embedded "
+                         "MNIST at 28x28 this script measures on")
+    latest = run.latest_checkpoint()
+    if latest is None:
+        raise UserError(f"--weights {folder} has no checkpoint to take the weights from")
+    return config, *latest
+
+
+def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_networks: dict,
+                            image_shape_hwc: tuple, width: int) -> None:
+    """The networks of a checkpoint (not its averages or optimizers) into `torch_networks`:
+    loaded as they are from a PyTorch one, ported from a TensorFlow one. Read as the runs'
+    own restore reads them: no pickled code (weights_only, allow_pickle=False)."""
+    check_regular_file(path, "checkpoint")
+    try:
+        if framework == "pytorch":
+            modules = torch.load(path, map_location="cpu", weights_only=True)["modules"]
+            for name, network in torch_networks.items():
+                network.load_state_dict(modules[name])
+        else:
+            with np.load(path, allow_pickle=False) as stored:
+                arrays = {key: stored[key] for key in stored.files if key.startswith("module/")}
+            for name, network in keras_script.build_networks(image_shape_hwc, width).items():
+                keys = sorted(key for key in arrays if key.startswith(f"module/{name}/"))
+                network.set_weights([arrays[key] for key in keys])
+                keras_to_torch(network, torch_networks[name], image_shape_hwc)
+    except Exception as error:  # unpickling, zip and shape errors have many types; all mean "not these networks"
+        first_line = (str(error).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(f"--weights: checkpoint {path} does not hold this model's networks "
+                              f"({type(error).__name__}: {first_line})") from None
 
 
 def pytorch_gradients(script, networks: dict, real: np.ndarray, z: np.ndarray, amp: bool) -> list[np.ndarray]:
@@ -95,10 +153,19 @@ def keras_networks(script, image_shape_hwc: tuple, width: int, policy: str, torc
     return networks
 
 
-def measure(model: str, width: int | None, batch_size: int, batches: int, seed: int = 0) -> dict:
-    """Per weight (D's, then G's): its name and shape in PyTorch, and the mean relative error of
-    each framework's AMP gradient; and how far apart the two frameworks' float32 gradients are
-    at most (layout_free_gap)."""
+def measure(model: str | None, width: int | None, batch_size: int, batches: int, seed: int = 0,
+            weights: Path | None = None) -> dict:
+    """Per weight (D's, then G's) and per network: its name and shape in PyTorch, the mean
+    relative error of each framework's AMP gradient, and the minibatch noise (float32, batch
+    against the previous batch; NaN with one batch); and how far apart the two frameworks'
+    float32 gradients are at most (layout_free_gap). From PyTorch's initialisation, or the last
+    checkpoint of the run folder `weights`."""
+    source = "PyTorch's initialisation"
+    if weights is not None:
+        config, step, checkpoint = trained_run(weights, model, width)
+        model, width = config["model"], config["width"]
+        source = f"{checkpoint}, step {step}, trained in {config['framework']}"
+    model = model or "vanilla_gan"
     entry = models.get(model)
     torch_script, keras_script = entry.module("pytorch"), entry.module("tensorflow")
     width = width or entry.hparams.DEFAULTS["width"]
@@ -111,13 +178,19 @@ def measure(model: str, width: int | None, batch_size: int, batches: int, seed: 
     image_shape_chw = (images.shape[3], *images.shape[1:3])
     torch_networks = {name: network.to(memory_format=torch.channels_last)
                       for name, network in torch_script.build_networks(image_shape_chw, width).items()}
+    if weights is not None:
+        load_checkpoint_weights(checkpoint, config["framework"], keras_script, torch_networks, images.shape[1:], width)
     keras_fp32 = keras_networks(keras_script, images.shape[1:], width, "float32", torch_networks)
     keras_amp = keras_networks(keras_script, images.shape[1:], width, "mixed_bfloat16", torch_networks)
     names = [(network, name, tuple(p.shape)) for network in ("discriminator", "generator")
              for name, p in torch_networks[network].named_parameters()]
     noise = np.random.default_rng(seed).standard_normal((batches, batch_size, entry.hparams.Z_DIM), np.float32)
     errors = {"pytorch": np.zeros(len(names)), "tensorflow": np.zeros(len(names))}
-    float32_gap = 0.0
+    noise_errors = np.zeros(len(names))
+    discriminator_weights = len(list(torch_networks["discriminator"].parameters()))
+    split = {"discriminator": slice(0, discriminator_weights), "generator": slice(discriminator_weights, None)}
+    totals = {(network, column): 0.0 for network in split for column in ("pytorch", "tensorflow", "noise")}
+    float32_gap, previous = 0.0, None
     for index in range(batches):
         real, z = images[index * batch_size:(index + 1) * batch_size], noise[index]
         torch_fp32 = pytorch_gradients(torch_script, torch_networks, real, z, amp=False)
@@ -128,14 +201,30 @@ def measure(model: str, width: int | None, batch_size: int, batches: int, seed: 
             raise RuntimeError(f"{model}: the two twins' weights do not pair up one to one")
         errors["pytorch"] += [relative_error(a, e) for a, e in zip(torch_amp, torch_fp32)]
         errors["tensorflow"] += [relative_error(a, e) for a, e in zip(keras_amp_gradients, keras_fp32_gradients)]
+        for network, part in split.items():
+            totals[network, "pytorch"] += network_error(torch_amp[part], torch_fp32[part])
+            totals[network, "tensorflow"] += network_error(keras_amp_gradients[part], keras_fp32_gradients[part])
+            if previous is not None:
+                totals[network, "noise"] += network_error(torch_fp32[part], previous[part])
+        if previous is not None:
+            noise_errors += [relative_error(a, e) for a, e in zip(torch_fp32, previous)]
+        previous = torch_fp32
         gaps = [layout_free_gap(k, t) for k, t in zip(keras_fp32_gradients, torch_fp32)]
         float32_gap = max([float32_gap, *(gap for gap in gaps if not np.isnan(gap))])
         if float32_gap > FLOAT32_LIMIT:
             raise RuntimeError(f"{model}: the twins' float32 gradients differ by {float32_gap:.1e}: "
                                "their weights do not pair up in the order this script assumes")
-    return {"weights": [{"network": network, "name": name, "shape": shape,
-                         "pytorch": errors["pytorch"][i] / batches, "tensorflow": errors["tensorflow"][i] / batches}
+    def mean(total, count):
+        return total / count if count else float("nan")
+
+    pairs = batches - 1  # of consecutive batches, for the noise
+    return {"model": model, "width": width, "source": source,
+            "weights": [{"network": network, "name": name, "shape": shape,
+                         "pytorch": errors["pytorch"][i] / batches, "tensorflow": errors["tensorflow"][i] / batches,
+                         "noise": mean(noise_errors[i], pairs)}
                         for i, (network, name, shape) in enumerate(names)],
+            "networks": {network: {column: mean(totals[network, column], pairs if column == "noise" else batches)
+                                   for column in ("pytorch", "tensorflow", "noise")} for network in split},
             "float32_gap": float32_gap}
 
 
@@ -143,18 +232,25 @@ def table(result: dict) -> str:
     def error(value: float) -> str:
         return "-" if np.isnan(value) else f"{value:.4f}"  # "-": a float32 gradient of 0
 
-    lines = ["| network | weight (PyTorch's name) | shape | PyTorch | TensorFlow |", "|---|---|---|---|---|"]
+    lines = ["| network | weight (PyTorch's name) | shape | PyTorch AMP | TensorFlow AMP | minibatch noise |",
+             "|---|---|---|---|---|---|"]
     for row in result["weights"]:
         lines.append(f"| {row['network']} | {row['name']} | {'x'.join(map(str, row['shape']))} "
-                     f"| {error(row['pytorch'])} | {error(row['tensorflow'])} |")
+                     f"| {error(row['pytorch'])} | {error(row['tensorflow'])} | {error(row['noise'])} |")
+    for network, row in result["networks"].items():
+        lines.append(f"| {network} | all its weights | | {error(row['pytorch'])} | {error(row['tensorflow'])} "
+                     f"| {error(row['noise'])} |")
     return "\n".join(lines)
 
 
 @exit_on_user_error
 def main(argv=None) -> dict:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=GAN_MODELS, default="vanilla_gan")
-    parser.add_argument("--width", type=int, help="the networks' width (default: the model's)")
+    parser.add_argument("--model", choices=GAN_MODELS, help="default: vanilla_gan, or --weights' model")
+    parser.add_argument("--width", type=int, help="the networks' width (default: the model's, or --weights' run's)")
+    parser.add_argument("--weights", type=Path, metavar="RUN_DIR",
+                        help="the networks of a finished MNIST run's last checkpoint, either framework "
+                             "(default: PyTorch's initialisation)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=8, help="batches the errors are averaged over")
     args = parser.parse_args(argv)
@@ -162,9 +258,11 @@ def main(argv=None) -> dict:
     if args.batch_size < 2 or args.batches < 1 or (args.width is not None and args.width < 1):
         raise UsageError("--batch-size must be at least 2, --batches and --width at least 1")
     with tf.device("/CPU:0"):  # beside PyTorch's CPU computation, also where a GPU is
-        result = measure(args.model, args.width, args.batch_size, args.batches)
-    print(f"{args.model}: ||g_amp - g_fp32|| / ||g_fp32|| of one step's gradients, bfloat16, mean of "
-          f"{args.batches} batches of {args.batch_size}, from the same weights in both frameworks")
+        result = measure(args.model, args.width, args.batch_size, args.batches, weights=args.weights)
+    print(f"{result['model']}, width {result['width']}: ||g_amp - g_fp32|| / ||g_fp32|| of one step's gradients, "
+          f"bfloat16, mean of {args.batches} batches of {args.batch_size}, from the same weights in both "
+          f"frameworks ({result['source']}); minibatch noise: ||g_fp32 - g_fp32 of the previous batch|| / "
+          "||g_fp32 of the previous batch||, PyTorch")
     print(table(result))
     print(f"float32 gradients, PyTorch against TensorFlow (sorted values): largest relative difference "
           f"{result['float32_gap']:.1e}")

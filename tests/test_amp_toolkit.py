@@ -614,7 +614,8 @@ def test_amp_gradients_measures_each_framework_against_its_own_float32(model, wi
     for row in result["weights"]:  # bfloat16 really ran in both, and errs by its ~3 significant digits
         assert 1e-5 < row["pytorch"] < 0.5 and 1e-5 < row["tensorflow"] < 0.5, row
     table = capsys.readouterr().out
-    assert sum(line.startswith(("| discriminator |", "| generator |")) for line in table.splitlines()) == len(expected)
+    rows = [line for line in table.splitlines() if line.startswith(("| discriminator |", "| generator |"))]
+    assert len(rows) == len(expected) + 2  # every weight, then each network's as a whole
 
 
 def test_amp_gradients_stops_when_the_twins_weights_do_not_pair_up(monkeypatch):
@@ -632,3 +633,101 @@ def test_amp_gradients_refuses_bad_flags_in_one_line(capsys):
         amp_gradients.main(["--batch-size", "1"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "--batch-size must be at least 2" in err and "\n" not in err, err
+
+
+def test_amp_gradients_sets_the_amp_error_beside_the_minibatch_noise():
+    """The noise column is batch 1's float32 gradient against batch 0's; a network's error is
+    its weights' errors weighted by their gradients' norms, so it lies between theirs."""
+    import numpy as np
+    import torch
+
+    from common import data as datasets
+    from common import models
+    from scripts import amp_gradients
+
+    result = amp_gradients.measure("lsgan", 8, batch_size=8, batches=2)
+    torch_script = models.get("lsgan").module("pytorch")
+    torch.manual_seed(0)
+    networks = torch_script.build_networks((1, 28, 28), 8)
+    images = datasets.to_unit_range(datasets.load_dataset("mnist", limit=16).x) * 2 - 1
+    z = np.random.default_rng(0).standard_normal((2, 8, models.get("lsgan").hparams.Z_DIM), np.float32)
+    first, second = (amp_gradients.pytorch_gradients(torch_script, networks, images[i * 8:(i + 1) * 8], z[i], amp=False)
+                     for i in range(2))
+    for row, a, b in zip(result["weights"], second, first):
+        assert row["noise"] == pytest.approx(amp_gradients.relative_error(a, b), rel=1e-6), row
+    discriminator = len(list(networks["discriminator"].parameters()))
+    assert result["networks"]["generator"]["noise"] == pytest.approx(
+        amp_gradients.network_error(second[discriminator:], first[discriminator:]), rel=1e-6)
+
+    one_batch = amp_gradients.measure("lsgan", 8, batch_size=8, batches=1)
+    for network, row in one_batch["networks"].items():
+        assert math.isnan(row["noise"])  # no previous batch to compare with
+        for framework in ("pytorch", "tensorflow"):
+            errors = [w[framework] for w in one_batch["weights"] if w["network"] == network]
+            assert min(errors) <= row[framework] <= max(errors), (network, framework)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_amp_gradients_measures_at_a_trained_runs_weights(framework, tmp_path):
+    """--weights loads the networks of the run's last checkpoint (not its initial weights),
+    from either framework, and takes the model and width from the run."""
+    import numpy as np
+    import torch
+
+    from common import models
+    from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
+    from scripts import amp_gradients
+    from tests.conftest import checkpoint_arrays
+
+    run = tmp_path / "run"
+    script = lsgan_pytorch if framework == "pytorch" else lsgan_tensorflow
+    script.main(["--out", str(run), "--iters", "3", "--batch-size", "8", "--width", "8", "--data-limit", "64",
+                 "--no-tensorboard", "--sample-every", "0"])
+    config, step, checkpoint = amp_gradients.trained_run(run, None, None)
+    assert (config["model"], config["width"], step) == ("lsgan", 8, 3)
+
+    torch.manual_seed(0)
+    networks = lsgan_pytorch.build_networks((1, 28, 28), 8)
+    initial = {name: [p.detach().clone() for p in network.parameters()] for name, network in networks.items()}
+    amp_gradients.load_checkpoint_weights(checkpoint, framework, lsgan_tensorflow, networks, (28, 28, 1), 8)
+    saved = checkpoint_arrays(checkpoint)
+    for name, network in networks.items():
+        loaded = [p.detach().numpy() for p in network.parameters()]
+        assert any(not np.array_equal(a, b.numpy()) for a, b in zip(loaded, initial[name]))
+        if framework == "pytorch":
+            expected = [saved[f"modules/{name}/{key}"] for key, _ in network.named_parameters()]
+        else:  # Keras' Dense kernels are (in, out), PyTorch's weights (out, in)
+            keys = sorted(k for k in saved if k.startswith(f"module/{name}/"))
+            expected = [saved[k].T if saved[k].ndim == 2 else saved[k] for k in keys]
+        for a, b in zip(loaded, expected):
+            np.testing.assert_array_equal(a, b)
+
+    result = amp_gradients.measure(None, None, batch_size=8, batches=2, weights=run)
+    assert result["model"] == "lsgan" and result["width"] == 8 and str(checkpoint) in result["source"]
+    assert len(result["weights"]) == sum(1 for n in networks.values() for _ in n.parameters())
+    assert models.get(result["model"]).hparams.Z_DIM == 100 and result["float32_gap"] < 2e-2
+
+
+def test_amp_gradients_refuses_runs_it_cannot_measure_in_one_line(tmp_path, capsys):
+    from GAN.least_squares_gan import lsgan_pytorch
+    from scripts import amp_gradients
+
+    run = tmp_path / "run"
+    lsgan_pytorch.main(["--out", str(run), "--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64",
+                        "--no-tensorboard", "--sample-every", "0"])
+
+    def refused(argv, message):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            amp_gradients.main(argv)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code not in (0, None) and len(err.splitlines()) == 1 and message in err, err
+
+    refused(["--weights", str(tmp_path)], "not a finished run")
+    refused(["--weights", str(run), "--model", "dcgan"], "leave --model and --width out")
+    refused(["--weights", str(run), "--width", "16"], "leave --model and --width out")
+    checkpoint = next((run / "checkpoints").glob("step_*.pt"))
+    checkpoint.write_bytes(b"not a checkpoint")
+    refused(["--weights", str(run)], "does not hold this model's networks")
+    checkpoint.unlink()
+    refused(["--weights", str(run)], "has no checkpoint")
