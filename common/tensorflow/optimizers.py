@@ -15,7 +15,8 @@ class PyTorchEpsilon:
     step size and adds eps to the uncorrected sqrt(v), so its eps is in effect
     eps / sqrt(1 - beta2^t): 32x PyTorch's at the first step with beta2 = 0.999, still 1.3x
     after 1,000. That changes the first updates of weights with tiny gradients, and the twins
-    drift apart from the same weights (tests/test_porting.py trains both a few steps)."""
+    drift apart from the same weights (tests/test_twins_train_alike.py trains both from the
+    same weights)."""
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
