@@ -18,6 +18,7 @@ class ExponentialMovingAverage:
     def __init__(self, network: nn.Module, decay: float):
         self.module = copy.deepcopy(network).requires_grad_(False)
         self.decay, self.updates = decay, 0
+        self._pairs = None  # (network, its tensors, the average's), gathered at the first update
 
     @torch.no_grad()
     def start_from(self, network: nn.Module) -> None:
@@ -30,8 +31,11 @@ class ExponentialMovingAverage:
     def update(self, network: nn.Module) -> None:
         self.updates += 1
         weight = 1.0 - ema.decay_at(self.updates, self.decay)
-        for averaged, current in zip(_averaged_tensors(self.module), _averaged_tensors(network)):
-            averaged.lerp_(current, weight)  # averaged + weight * (current - averaged)
+        if self._pairs is None or self._pairs[0] is not network:
+            # once, not after every optimizer step: loading a checkpoint copies into these tensors
+            self._pairs = (network, _averaged_tensors(network), _averaged_tensors(self.module))
+        _, current, averaged = self._pairs
+        torch._foreach_lerp_(averaged, current, weight)  # averaged + weight * (current - averaged)
 
     def state_dict(self) -> dict:
         return {"module": self.module.state_dict(), "updates": self.updates}
