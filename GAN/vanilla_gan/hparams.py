@@ -42,8 +42,9 @@ DEFAULTS = dict(
 # and G's last steps wobble by more, which the average of G smooths out. On the
 # ring (PyTorch, float32) the average took the samples within 3 sd from 16-20% to 42% (LSGAN)
 # and 81% (vanilla GAN); half the learning rate then LSGAN's to 68%, and batches of 128 to 76%
-# (vanilla GAN 86%; TensorFlow's LSGAN from 54% to 74%). On the grid half the rate found 8 of
-# 25 modes in 30,000 iterations where 2e-4 found all 25 (README).
+# (vanilla GAN 86%; TensorFlow's LSGAN from 54% to 74%; LSGAN now takes 256, its hparams.py).
+# On the grid half the rate found 8 of 25 modes in 30,000 iterations where 2e-4 found all 25
+# (README).
 DATASET_DEFAULTS = {
     "ring8": dict(iters=30000, batch_size=128, lr=1e-4, sample_every=5000),
     "grid25": dict(iters=30000, sample_every=5000),
