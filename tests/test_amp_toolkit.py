@@ -256,6 +256,8 @@ def report_rows(text):
 
 
 def test_precision_report_shows_what_ran_in_16_bits_pytorch(tmp_path, capsys):
+    import torch
+
     from GAN.vanilla_gan import gan_pytorch
 
     reported = gan_pytorch.main(["--out", str(tmp_path / "a"), *TINY, "--amp", "--precision-report"])
@@ -266,9 +268,15 @@ def test_precision_report_shows_what_ran_in_16_bits_pytorch(tmp_path, capsys):
     assert rows["discriminator.out.layer"] == ("float32", "float32")
 
     # The report's probe step is undone: the run trains exactly as without it, also when it
-    # probes a resumed run, whose optimizer already holds moments the probe step would move.
+    # probes a resumed run, whose optimizer already holds moments the probe step would move,
+    # and the average of G (on by default) has not moved either.
     plain = gan_pytorch.main(["--out", str(tmp_path / "b"), *TINY, "--amp"])
     assert plain["final"] == reported["final"]
+    averages = [torch.load(RunFolder(tmp_path / run).latest_checkpoint()[1], weights_only=True)["averages"]
+                for run in ("a", "b")]
+    assert averages[0]["generator"]["updates"] == averages[1]["generator"]["updates"] == 2
+    for name, tensor in averages[1]["generator"]["module"].items():
+        assert torch.equal(averages[0]["generator"]["module"][name], tensor), name
     longer = [*TINY, "--amp", "--iters", "4", "--resume"]
     reported = gan_pytorch.main(["--out", str(tmp_path / "a"), *longer, "--precision-report"])
     plain = gan_pytorch.main(["--out", str(tmp_path / "b"), *longer])

@@ -132,7 +132,8 @@ def test_a_datasets_own_defaults_sit_between_the_models_and_the_command_line(mod
     overrides both."""
     hparams = models.get(model).hparams
     ring = hparams.DATASET_DEFAULTS["ring8"]
-    assert ring["lr"] != hparams.DEFAULTS["lr"] and ring["batch_size"] != hparams.DEFAULTS["batch_size"]
+    assert ring["iters"] != hparams.DEFAULTS["iters"] and ring["lr"] != hparams.DEFAULTS["lr"]
+    assert ring["batch_size"] != hparams.DEFAULTS["batch_size"]
     assert hparams.DEFAULTS["ema_decay"] > 0
     mnist = parse_args(model, "tensorflow", [])
     model_defaults = hparams.DEFAULTS

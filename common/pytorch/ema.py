@@ -32,7 +32,9 @@ class ExponentialMovingAverage:
         self.updates += 1
         weight = 1.0 - ema.decay_at(self.updates, self.decay)
         if self._pairs is None or self._pairs[0] is not network:
-            # once, not after every optimizer step: loading a checkpoint copies into these tensors
+            # once, not after every optimizer step: loading a checkpoint copies into these
+            # tensors (a later .to() would replace batch norm's buffers: the networks are
+            # placed before the average is built)
             self._pairs = (network, _averaged_tensors(network), _averaged_tensors(self.module))
         _, current, averaged = self._pairs
         torch._foreach_lerp_(averaged, current, weight)  # averaged + weight * (current - averaged)

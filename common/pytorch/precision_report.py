@@ -1,7 +1,7 @@
 """--precision-report in PyTorch: the dtype every leaf layer's output really had in one
 forward-and-backward of the training step, recorded by forward hooks. The step is then
-undone (weights, optimizer moments, loss scale, random state), so the run trains exactly as
-without the report. common/precision_report.py prints the rows."""
+undone (weights, optimizer moments, the average of G, loss scale, random state), so the run
+trains exactly as without the report. common/precision_report.py prints the rows."""
 from __future__ import annotations
 
 import copy
@@ -31,6 +31,8 @@ def precision_report(trainer, runtime, batch: torch.Tensor) -> list[LayerRow]:
             hooks.append(layer.register_forward_hook(record))
 
     saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in trainer.modules.items()}
+    averages = {k: {"module": {n: t.clone() for n, t in a.module.state_dict().items()}, "updates": a.updates}
+                for k, a in trainer.averages.items()}  # the probe step moves the average of G too
     # state_dict() hands out the live moment tensors, which the probe step updates in place
     optimizers = {k: copy.deepcopy(o.state_dict()) for k, o in trainer.optimizers.items()}
     scaler, rng = runtime.scaler.state_dict(), torch.get_rng_state()
@@ -47,6 +49,8 @@ def precision_report(trainer, runtime, batch: torch.Tensor) -> list[LayerRow]:
         module.load_state_dict(saved[key])
     for key, optimizer in trainer.optimizers.items():
         optimizer.load_state_dict(optimizers[key])
+    for key, average in trainer.averages.items():
+        average.load_state_dict(averages[key])
     if runtime.scaler.is_enabled():
         runtime.scaler.load_state_dict(scaler)
     torch.set_rng_state(rng)
