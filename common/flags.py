@@ -61,25 +61,47 @@ def int_in(low: int, high: int):
 seed = int_in(0, MAX_SEED)
 
 
-def positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
     if not value > 0 or math.isinf(value):  # `not >` also refuses NaN
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
 
 
+def positive_float_up_to(high: float, shown: str | None = None):
+    """A positive float flag up to `high`: as int_in's bound, it turns an absurd value into a
+    message, here before a framework fails to convert it to float32 deep in a step."""
+
+    def parse(text: str) -> float:
+        value = positive_float(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be a positive number up to {shown or f'{high:g}'}, got {text}")
+        return value
+
+    return parse
+
+
 def unit_interval(text: str) -> float:
-    value = positive_float(text) if text.strip() not in ("0", "0.0") else 0.0
-    if not 0 <= value < 1:
+    value = _number(text)
+    if not 0 <= value < 1:  # also refuses NaN
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
+    return abs(value)  # -0.0 too reads as 0
 
 
 def non_negative_float(text: str) -> float:
-    return 0.0 if text.strip() in ("0", "0.0") else positive_float(text)
+    value = _number(text)
+    if value == 0:
+        return 0.0
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive finite number, got {text}")
+    return value
 
 
 def output_problem(path: Path, folder: bool) -> str | None:
