@@ -131,6 +131,9 @@ def evaluate(cfg, trainer, log=print) -> dict:
     return results
 
 
+MNIST_TEST_IMAGES = 10_000  # the most a floor can compare: as many training images as test images
+
+
 def real_data_floor(count: int = 10_000) -> dict:
     """`count` MNIST training images against as many test images: the best a generator can
     hope for at that sample count (FID shrinks as the count grows)."""

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     args.flags = [*preset.get("flags", []), *args.flags]  # a model script takes a flag's last value
     args.models = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
     if args.repeat < 1 or args.workers < 0 or args.replicas < 0 or args.replicas == 1:
-        raise UsageError("--repeat must be at least 1, --workers at least 0 and --replicas at least 2")
+        raise UsageError("--repeat must be at least 1, --workers at least 0 and --replicas 0 (off) or at least 2")
     if args.iters < 2 * args.log_every or args.log_every < 1:
         raise UsageError("--iters must cover at least two --log-every intervals "
                          "(the first is warm-up and not counted)")

@@ -15,7 +15,8 @@ happens at the end of training when a script is given `--evaluate N`.
 
 After runs measured on MNIST, and alone with --floor, it prints the real-data floor: as many
 MNIST training images as --samples against as many test images, measured the same way, the
-reference every generator's numbers are read against (FID depends on the sample count).
+reference every generator's numbers are read against (FID depends on the sample count); past
+10,000 (MNIST's test set), 10,000 of each.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import evaluation, flags
+from common.config import MAX_EVALUATE, MAX_IWAE_K
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.runs import RunFolder
 
@@ -50,14 +52,13 @@ def check_evaluable(folder: Path) -> None:
 def main(argv=None) -> int:
     parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run folders")
-    parser.add_argument("--samples", type=int, default=10_000, help="generated samples per run")
-    parser.add_argument("--iwae-k", type=int, help="VAE: importance samples per test image")
+    parser.add_argument("--samples", type=flags.int_in(10, MAX_EVALUATE), default=10_000,
+                        help="generated samples per run")
+    parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K), help="VAE: importance samples per test image")
     parser.add_argument("--floor", action="store_true", help="MNIST train vs test, the real-data floor")
     args = parser.parse_args(argv)
     if not args.runs and not args.floor:
         raise UsageError("name at least one run folder, or --floor")
-    if args.samples < 10 or (args.iwae_k is not None and args.iwae_k < 1):
-        raise UsageError("--samples must be at least 10 and --iwae-k at least 1")
     measured_images = False
     for folder in args.runs:  # all of them before the first is measured
         check_evaluable(folder)
@@ -66,8 +67,9 @@ def main(argv=None) -> int:
         print(f"{folder}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
         measured_images |= "fid" in results
     if args.floor or measured_images:  # every FID is read against the floor at its sample count
-        floor = evaluation.real_data_floor(args.samples)
-        print(f"real-data floor, {args.samples} MNIST training images vs as many test images: "
+        count = min(args.samples, evaluation.MNIST_TEST_IMAGES)
+        floor = evaluation.real_data_floor(count)
+        print(f"real-data floor, {count} MNIST training images vs as many test images: "
               + ", ".join(f"{k} {v:.4g}" for k, v in floor.items()))
     return 0
 

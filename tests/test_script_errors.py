@@ -262,6 +262,26 @@ def test_quality_table_names_a_damaged_file_in_one_line(name, table_only, tmp_pa
     assert str(folder / name) in one_line_exit(capsys, lambda: quality_table.main(argv), code=1)
 
 
+def test_quality_table_only_says_when_there_is_nothing_to_tabulate(tmp_path, capsys):
+    from scripts import quality_table
+
+    argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "ring8", "--samples", "10",
+            "--runs", str(tmp_path / "typo"), "--table-only"]
+    assert "no measured runs of these settings under" in one_line_exit(capsys, lambda: quality_table.main(argv), code=1)
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--samples", "5", "--floor"], "--samples: must be from 10 to 1,000,000, got 5"),
+    (["--samples", "100000000000", "--floor"], "--samples: must be from 10 to 1,000,000"),
+    (["--iwae-k", "0", "--floor"], "--iwae-k: must be from 1 to 10,000, got 0"),
+])
+def test_evaluate_bounds_its_counts(argv, message, capsys):
+    from scripts import evaluate
+
+    assert message in one_line_exit(capsys, lambda: evaluate.main(argv), code=2)
+
+
 def test_quality_table_refuses_a_file_for_runs(tmp_path, capsys):
     from scripts import quality_table
 
