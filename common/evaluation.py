@@ -32,6 +32,7 @@ from common.runs import RunFolder
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
 CHUNK = 1000      # examples per framework call
 MIXTURE_SAMPLES = 2500  # the VEEGAN/PacGAN protocol's sample count, whatever --evaluate asks
+MNIST_TEST_IMAGES = 10_000  # the most test images a measurement (and the floor's training images) can use
 
 
 def sample_count(dataset: str, asked: int) -> int:
@@ -124,17 +125,14 @@ def evaluate(cfg, trainer, log=print) -> dict:
         log(f"evaluation: no sample metric for --dataset {cfg.dataset} at this size "
             "(the feature net knows 28x28 MNIST)")
     if hasattr(trainer, "decode_logits"):
-        test = datasets.fixed_test_images(cfg, min(count, 10_000))
+        test = datasets.fixed_test_images(cfg, min(count, MNIST_TEST_IMAGES))
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
     shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items() if k != "samples")
     log(f"evaluation ({count} samples): {shown}")
     return results
 
 
-MNIST_TEST_IMAGES = 10_000  # the most a floor can compare: as many training images as test images
-
-
-def real_data_floor(count: int = 10_000) -> dict:
+def real_data_floor(count: int = MNIST_TEST_IMAGES) -> dict:
     """`count` MNIST training images against as many test images: the best a generator can
     hope for at that sample count (FID shrinks as the count grows)."""
     return image_metrics(mnist_subset("train", count), reference=mnist_subset("test", count))

@@ -282,6 +282,17 @@ def test_evaluate_bounds_its_counts(argv, message, capsys):
     assert message in one_line_exit(capsys, lambda: evaluate.main(argv), code=2)
 
 
+def test_evaluate_floor_compares_at_most_the_test_sets_images(monkeypatch, capsys):
+    """MNIST has 10,000 test images: a larger --samples measures 10,000 of each and says so."""
+    from common import evaluation
+    from scripts import evaluate
+
+    counts = []
+    monkeypatch.setattr(evaluation, "real_data_floor", lambda count: counts.append(count) or {"fid": 1.0})
+    assert evaluate.main(["--floor", "--samples", "20000"]) == 0
+    assert counts == [10_000] and "10000 MNIST training images vs as many test images" in capsys.readouterr().out
+
+
 def test_quality_table_refuses_a_file_for_runs(tmp_path, capsys):
     from scripts import quality_table
 
