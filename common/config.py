@@ -35,7 +35,8 @@ MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 MAX_EVALUATE = 1_000_000  # 100x the 10,000 samples the quality tables measure
 MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
-MAX_LR = 10.0             # 10,000x Adam's usual 1e-3; PyTorch's Adam fails on a step size past float32's range
+MAX_LR = 1e6              # far past any useful rate (a test drives a run to inf with it); PyTorch's Adam
+                          # fails once lr / (1 - beta1) leaves float32's range, near 3e38
 MAX_LOSS_SCALE = 2.0**64  # 2**48 times the default 2**16; float32 overflows at 2**128
 
 
@@ -143,7 +144,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training = parser.add_argument_group("training")
     training.add_argument("--iters", type=flags.positive_int, help="training iterations")
     training.add_argument("--batch-size", type=flags.positive_int, help="examples per iteration")
-    training.add_argument("--lr", type=flags.positive_float_up_to(MAX_LR), help="learning rate")
+    training.add_argument("--lr", type=flags.positive_float_up_to(MAX_LR, "10**6"), help="learning rate")
     training.add_argument("--beta1", type=flags.unit_interval, help="Adam beta1")
     training.add_argument("--beta2", type=flags.unit_interval, help="Adam beta2")
     training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")

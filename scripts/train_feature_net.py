@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = flags.OneLineErrorParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=flags.positive_int, default=4)
     parser.add_argument("--batch-size", type=flags.positive_int, default=128)
-    parser.add_argument("--lr", type=flags.positive_float_up_to(MAX_LR), default=1e-3,
+    parser.add_argument("--lr", type=flags.positive_float_up_to(MAX_LR, "10**6"), default=1e-3,
                         help="Adam learning rate; divided by 10 for the last epoch")
     parser.add_argument("--seed", type=flags.seed, default=0, help="0 to 2**32 - 1")
     parser.add_argument("--amp", action="store_true",

@@ -163,7 +163,7 @@ def test_out_of_memory_becomes_one_line(index, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--lr", "nan"], "--lr: must be a positive finite number"),
     (["--lr", "inf"], "--lr: must be a positive finite number"),
-    (["--lr", "100"], "--lr: must be a positive number up to 10, got 100"),
+    (["--lr", "1e7"], "--lr: must be a positive number up to 10**6, got 1e7"),
     (["--seed", "-1"], "--seed: must be from 0"),
     (["--seed", "4294967296"], "--seed: must be from 0"),
     (["--result-json", "{tmp}/afile/x.json"], "afile is a file"),
