@@ -35,9 +35,12 @@ MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 MAX_EVALUATE = 1_000_000  # 100x the 10,000 samples the quality tables measure
 MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
+# ... and of the flags a framework turns into float32 scalars, whose overflow raised deep in a step.
 MAX_LR = 1e6              # far past any useful rate (a test drives a run to inf with it); PyTorch's Adam
                           # fails once lr / (1 - beta1) leaves float32's range, near 3e38
 MAX_LOSS_SCALE = 2.0**64  # 2**48 times the default 2**16; float32 overflows at 2**128
+learning_rate = flags.positive_float_up_to(MAX_LR, "10**6")  # type= of every script's --lr
+loss_scale = flags.positive_float_up_to(MAX_LOSS_SCALE, "2**64")
 
 
 @dataclasses.dataclass
@@ -119,7 +122,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     precision.add_argument("--precision-report", action="store_true",
                            help="print, per layer, its weights' dtype and the dtype its output "
                                 "actually had in the first training step")
-    precision.add_argument("--init-scale", type=flags.positive_float_up_to(MAX_LOSS_SCALE, "2**64"),
+    precision.add_argument("--init-scale", type=loss_scale,
                            help="float16: first loss scale")
     precision.add_argument("--growth-factor", type=flags.positive_float,
                            help="float16: scale multiplier after --growth-interval clean steps "
@@ -129,7 +132,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                                 "always halves)")
     precision.add_argument("--growth-interval", type=flags.positive_int,
                            help="float16: clean steps before the scale grows")
-    precision.add_argument("--min-loss-scale", type=flags.positive_float_up_to(MAX_LOSS_SCALE, "2**64"),
+    precision.add_argument("--min-loss-scale", type=loss_scale,
                            help="float16: warn once when the scale stays below this for "
                                 f"{SCALE_WARN_WINDOW} steps")
     precision.add_argument("--nonfinite-patience", type=flags.positive_int,
@@ -144,7 +147,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training = parser.add_argument_group("training")
     training.add_argument("--iters", type=flags.positive_int, help="training iterations")
     training.add_argument("--batch-size", type=flags.positive_int, help="examples per iteration")
-    training.add_argument("--lr", type=flags.positive_float_up_to(MAX_LR, "10**6"), help="learning rate")
+    training.add_argument("--lr", type=learning_rate, help="learning rate")
     training.add_argument("--beta1", type=flags.unit_interval, help="Adam beta1")
     training.add_argument("--beta2", type=flags.unit_interval, help="Adam beta2")
     training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")

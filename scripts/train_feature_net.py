@@ -43,7 +43,7 @@ from torch import nn
 
 from common import cpu, flags
 from common import data as datasets
-from common.config import MAX_LR, RunConfig
+from common.config import RunConfig, learning_rate
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
 from common.pytorch import runtime as torch_runtime
@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = flags.OneLineErrorParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=flags.positive_int, default=4)
     parser.add_argument("--batch-size", type=flags.positive_int, default=128)
-    parser.add_argument("--lr", type=flags.positive_float_up_to(MAX_LR, "10**6"), default=1e-3,
+    parser.add_argument("--lr", type=learning_rate, default=1e-3,
                         help="Adam learning rate; divided by 10 for the last epoch")
     parser.add_argument("--seed", type=flags.seed, default=0, help="0 to 2**32 - 1")
     parser.add_argument("--amp", action="store_true",
