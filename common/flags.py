@@ -88,6 +88,18 @@ def positive_float_up_to(high: float, shown: str | None = None):
     return parse
 
 
+def float_in(low: float, high: float, shown: str):
+    """A float flag from `low` to `high` (`shown` says so in the message)."""
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not low <= value <= high:  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"must be from {shown}, got {text}")
+        return value
+
+    return parse
+
+
 def unit_interval(text: str) -> float:
     value = _number(text)
     if not 0 <= value < 1:  # also refuses NaN

@@ -35,8 +35,11 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     # values a framework cannot hold in float32 (PyTorch's Adam and GradScaler raised deep in the
     # first step) are refused with the flag's bound
     (["--lr", "3e38"], "--lr: must be a positive number up to 10**6, got 3e38"),
-    (["--init-scale", "1e300"], "--init-scale: must be a positive number up to 2**64, got 1e300"),
-    (["--min-loss-scale", "1e39"], "--min-loss-scale: must be a positive number up to"),
+    (["--init-scale", "1e300"], "--init-scale: must be from 2**-64 to 2**64, got 1e300"),
+    (["--init-scale", "1e-50"], "--init-scale: must be from 2**-64 to 2**64, got 1e-50"),  # float32's 0
+    (["--init-scale", "nan"], "--init-scale: must be from 2**-64 to 2**64, got nan"),
+    (["--min-loss-scale", "1e39"], "--min-loss-scale: must be from 2**-64 to"),
+    (["--min-loss-scale", "0"], "--min-loss-scale: must be from 2**-64 to"),
 ])
 def test_invalid_flag_values_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -48,8 +51,10 @@ def test_invalid_flag_values_exit_2_with_one_line(argv, message, capsys):
 
 
 def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
-    cfg = parse("--lr", "1e6", "--ema-decay", "-0", "--clip-grad-norm", "0e0", "--amp", "--init-scale", str(2.0**64))
-    assert (cfg.lr, cfg.ema_decay, cfg.clip_grad_norm, cfg.init_scale) == (1e6, 0.0, 0.0, 2.0**64)
+    cfg = parse("--lr", "1e6", "--ema-decay", "-0", "--clip-grad-norm", "0e0", "--amp", "--init-scale", str(2.0**64),
+                "--min-loss-scale", str(2.0**-64))
+    assert (cfg.lr, cfg.ema_decay, cfg.clip_grad_norm, cfg.init_scale, cfg.min_loss_scale) == (
+        1e6, 0.0, 0.0, 2.0**64, 2.0**-64)
     assert str(cfg.ema_decay) == "0.0"  # not -0.0
 
 
