@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -101,6 +102,13 @@ def grid_image(path: Path) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
+def first_line(error: Exception) -> str:
+    """An error's message in one line: TensorFlow's name the graph function first ({{...}})
+    and add lines (the events it could not flush) after the reason."""
+    lines = re.sub(r"\{\{.*?\}\}\s*", "", str(error)).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 class Board:
     """The run's TensorBoard: the loop hands it each history row, sample grid and evaluation;
     it writes them through the framework's writer. With --no-tensorboard it writes nothing; a
@@ -127,7 +135,7 @@ class Board:
         except Exception as error:  # whichever framework's error: the training goes on
             self.writer = None
             self.log(f"warning: TensorBoard events could not be written ({type(error).__name__}: "
-                     f"{error}); the run goes on without them")
+                     f"{first_line(error)}); the run goes on without them")
 
     def interval(self, row: dict, losses: dict[str, float]):
         if self.writer:

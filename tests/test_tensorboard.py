@@ -6,17 +6,20 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from PIL import Image
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.util import tensor_util
 
 from common import tensorboard
 from common.pytorch import tensorboard as pytorch_tensorboard
+from common.tensorflow import tensorboard as tensorflow_tensorboard
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 
 SCRIPTS = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}
@@ -132,6 +135,36 @@ def test_no_tensorboard_writes_none_and_a_failed_write_does_not_stop_training(tm
     warnings = [line for line in capsys.readouterr().out.splitlines() if "TensorBoard" in line]
     assert warnings == ["warning: TensorBoard events could not be written (OSError: [Errno 28] No space left "
                         "on device); the run goes on without them"]
+
+
+def test_a_full_disk_under_the_event_writer_is_one_warning_in_both_frameworks(tmp_path, monkeypatch, capsys):
+    """Where the bytes are really written: PyTorch's writer thread fails and keeps its error for
+    the next write (no thread traceback), TensorFlow's error message is several lines."""
+    from tensorboard.summary.writer import record_writer
+
+    def disk_full(self, data):
+        raise OSError(28, "No space left on device")
+
+    thread_errors = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)  # what threading would print
+    monkeypatch.setattr(record_writer.RecordWriter, "write", disk_full)
+    summary = train("pytorch", tmp_path / "pytorch", "--iters", "4")
+    assert summary["step"] == 4 and thread_errors == []
+
+    def flush_failed(self, values, step):  # tf.summary's message, as a full disk raised it
+        raise tf.errors.ResourceExhaustedError(None, None, (
+            "{{function_node __wrapped__FlushSummaryWriter_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+            "run/events.out.tfevents.v2; No space left on device\n\tFailed to flush 7 events to "
+            "run/events.out.tfevents.v2\n\tCould not flush events file. [Op:FlushSummaryWriter] name: "))
+
+    monkeypatch.setattr(tensorflow_tensorboard.Writer, "scalars", flush_failed)
+    assert train("tensorflow", tmp_path / "tensorflow", "--iters", "4")["step"] == 4
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "TensorBoard" in line]
+    assert warnings == [
+        "warning: TensorBoard events could not be written (OSError: [Errno 28] No space left on device); "
+        "the run goes on without them",
+        "warning: TensorBoard events could not be written (ResourceExhaustedError: "
+        "run/events.out.tfevents.v2; No space left on device); the run goes on without them"]
 
 
 def free_port() -> int:

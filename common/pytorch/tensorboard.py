@@ -3,6 +3,7 @@ the tags and steps common/tensorboard.py decides. common/tensorflow/tensorboard.
 (tf.summary)."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,26 @@ def summary_writer_class():
 
     lazy_tf, tensorboard.compat.tf = tensorboard.compat.tf, tensorflow_stub
     try:
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
         from torch.utils.tensorboard import SummaryWriter
     finally:
         tensorboard.compat.tf = lazy_tf
+    if not getattr(threading.excepthook, "quiets_event_thread", False):
+        threading.excepthook = _quiet_event_thread(threading.excepthook, _AsyncWriterThread)
     return SummaryWriter
+
+
+def _quiet_event_thread(hook, event_thread: type):
+    """threading.excepthook, less the traceback of the writer's own thread: that thread keeps
+    its error (a full disk) for the next write, which raises it, and the run says it in one
+    warning (common/tensorboard.py's Board). Other threads' exceptions go to `hook`."""
+
+    def excepthook(args):
+        if not isinstance(args.thread, event_thread):
+            hook(args)
+
+    excepthook.quiets_event_thread = True
+    return excepthook
 
 
 class Writer:
