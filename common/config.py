@@ -38,8 +38,8 @@ MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
 # ... and of the flags a framework turns into float32 scalars, whose overflow raised deep in a step.
 MAX_LR = 1e6              # far past any useful rate (a test drives a run to inf with it); PyTorch's Adam
                           # fails once lr / (1 - beta1) leaves float32's range, near 3e38
-# A loss scale from 2**-64 to 2**64: 2**48 times the default 2**16 either way. float32 overflows
-# at 2**128 (a cast fails deep in the step) and rounds 1e-50 to 0 (every float16 step skipped).
+# A loss scale from 2**-64 to 2**64 (2**48 times the default 2**16): float32 overflows at 2**128
+# (a cast failed deep in the step) and rounds 1e-50 to 0 (every float16 step was skipped).
 MIN_LOSS_SCALE, MAX_LOSS_SCALE = 2.0**-64, 2.0**64
 learning_rate = flags.positive_float_up_to(MAX_LR, "10**6")  # type= of every script's --lr
 loss_scale = flags.float_in(MIN_LOSS_SCALE, MAX_LOSS_SCALE, "2**-64 to 2**64")

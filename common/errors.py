@@ -39,6 +39,13 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not belong to this run."""
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message as one line, for quoting in ours: its first line, less
+    TensorFlow's `{{function_node ...}}` tag; the type's name when it has no message."""
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", str(error)).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def file_system_problem(error: BaseException) -> str | None:
     """One line for an OSError the file system raised (not a folder, read-only, disk full, no
     permission), naming the path where the error has one; None for anything else."""

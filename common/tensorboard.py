@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -36,6 +35,7 @@ import numpy as np
 from PIL import Image
 
 from common.config import RunConfig
+from common.errors import first_line
 from common.runs import RunFolder
 
 SAMPLES_TAG = "samples"
@@ -100,13 +100,6 @@ def grid_image(path: Path) -> np.ndarray:
     write it."""
     with Image.open(path) as image:
         return np.asarray(image.convert("RGB"))
-
-
-def first_line(error: Exception) -> str:
-    """An error's message in one line: TensorFlow's name the graph function first ({{...}})
-    and add lines (the events it could not flush) after the reason."""
-    lines = re.sub(r"\{\{.*?\}\}\s*", "", str(error)).strip().splitlines()
-    return lines[0] if lines else ""
 
 
 class Board:

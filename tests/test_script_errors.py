@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.config import parse_args
-from common.errors import UsageError, exit_on_user_error
+from common.errors import UsageError, exit_on_user_error, first_line
 
 TINY = ["--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64", "--no-tensorboard",
         "--device", "cpu"]
@@ -108,6 +108,17 @@ def test_file_system_errors_become_one_line_naming_the_path(error, expected, cap
         raise error
 
     assert one_line_exit(capsys, main, code=1) == f"error: {expected}"
+
+
+@pytest.mark.parametrize("error, expected", [
+    (RuntimeError("connection reset\n  at gloo/transport.cc:154"), "connection reset"),
+    (ValueError("  \n"), "ValueError"),  # no message: the type (str.splitlines()[0] raised IndexError)
+    (RuntimeError("{{function_node __wrapped__FlushSummaryWriter_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+                  "events.out; No space left on device\n\tFailed to flush 7 events"),
+     "events.out; No space left on device"),
+])
+def test_an_error_quoted_in_ours_is_its_first_line(error, expected):
+    assert first_line(error) == expected
 
 
 def test_a_full_disk_names_the_file_being_written(tmp_path, capsys):

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common import distributed
 from common.config import RunConfig, describe_precision, resolve_precision, warn_if_bf16_emulated
-from common.errors import UsageError, UserError
+from common.errors import UsageError, UserError, first_line
 from common.pytorch import amp
 
 # How long a replica waits for the others at a collective before it gives up with one line
@@ -168,9 +168,9 @@ def translate_failures():
         text = str(error).strip()
         if not isinstance(error, dist.DistError) and not any(word in text.lower() for word in _TRANSPORT_FAILURES):
             raise
-        first_line = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0]) if text else type(error).__name__
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", first_line(error))  # gloo's [file:line] prefix
         raise distributed.ReplicaFailed(
-            f"lost contact with another replica ({first_line[:80]}): it stopped or died, so this "
+            f"lost contact with another replica ({reason[:80]}): it stopped or died, so this "
             "one stops too; --resume continues from the last checkpoint") from None
 
 
@@ -189,7 +189,7 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
     try:
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=REPLICA_TIMEOUT)
     except (dist.DistError, RuntimeError, ValueError) as error:
-        raise UserError(f"could not join the other replicas ({str(error).strip().splitlines()[0]})") from None
+        raise UserError(f"could not join the other replicas ({first_line(error)})") from None
     atexit.register(_leave)
     control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
     return Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)

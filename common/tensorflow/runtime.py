@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ import tensorflow as tf
 
 from common import distributed, quiet
 from common.config import RunConfig, describe_precision, resolve_precision, warn_if_bf16_emulated
-from common.errors import UsageError, UserError
+from common.errors import UsageError, UserError, first_line
 from common.tensorflow import amp
 
 _GPUS = tf.config.list_physical_devices("GPU")
@@ -217,9 +216,7 @@ class translate_failures:
     def __exit__(self, kind, error, traceback):
         if kind is not None and issubclass(kind, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                                                   tf.errors.CancelledError, tf.errors.AbortedError)):
-            text = re.sub(r"\{\{[^}]*\}\}\s*", "", str(error)).strip()  # TensorFlow's {{function_node ...}} tag
-            first_line = text.splitlines()[0][:200] if text else kind.__name__
-            raise distributed.ReplicaFailed(f"lost contact with another worker ({first_line})") from None
+            raise distributed.ReplicaFailed(f"lost contact with another worker ({first_line(error)[:200]})") from None
         return False
 
 
@@ -243,7 +240,7 @@ def start_replicas(cfg: RunConfig, device_type: str) -> Replicas:
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        raise UserError(f"could not join the other workers ({str(error).strip().splitlines()[0]})") from None
+        raise UserError(f"could not join the other workers ({first_line(error)})") from None
     return Replicas(strategy, rank=cluster["task"]["index"], workers=len(cluster["cluster"]["worker"]))
 
 
