@@ -362,8 +362,9 @@ class ProfileWindow:
 
 def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board, step: int,
                   skipped_total: int, finishing: bool, clock: StepClock):
-    """Sample grids (also to TensorBoard) every --sample-every steps, checkpoints every
-    --checkpoint-every (the last two kept), and both at the last step."""
+    """Checkpoints every --checkpoint-every (the last two kept), sample grids (also to
+    TensorBoard) every --sample-every steps, and both at the last step. The checkpoint first:
+    a grid that cannot be written (a full disk, a damaged fixed_noise.npy) loses no training."""
     if not run.writable:
         return
     wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
@@ -371,13 +372,13 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
     if not (wants_samples or wants_checkpoint):
         return
     with clock.paused():
-        if wants_samples:
-            session.write_samples(run, step)
-            board.samples(step)
         if wants_checkpoint:
             session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
                                      {"step": step, "skipped_total": skipped_total, "model": cfg.model})
             run.prune_checkpoints()
+        if wants_samples:
+            session.write_samples(run, step)
+            board.samples(step)
 
 
 def summarize(cfg: RunConfig, session: Session, step: int, log_interval: IntervalLog,

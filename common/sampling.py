@@ -18,6 +18,17 @@ from common.errors import UserError  # noqa: E402
 NOISE_STREAM = 7  # keeps the fixed noise independent of other numpy streams drawn from --seed
 
 
+def npy_header(file) -> tuple[tuple, bool, np.dtype]:
+    """(shape, fortran_order, dtype) of the .npy file open at its start; ValueError if it is
+    not one."""
+    version = np.lib.format.read_magic(file)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(file)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(file)
+    raise ValueError(f".npy format version {version[0]}.{version[1]}, not 1.0 or 2.0")
+
+
 def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:
     """The run's fixed N(0, I) noise: read from fixed_noise.npy, or drawn and saved there."""
     path = Path(run_dir) / "fixed_noise.npy"
@@ -25,13 +36,14 @@ def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:
         if not path.is_file():  # a FIFO would block the read forever
             raise UserError(f"{path} is not a regular file; remove it to draw the noise again")
         try:
-            noise = np.load(path, allow_pickle=False)
+            with open(path, "rb") as file:  # the header first: it may claim terabytes
+                shape, _, dtype = npy_header(file)
+                if shape != (count, dim) or dtype != np.float32:
+                    raise UserError(f"{path} holds {dtype}{shape}, expected float32({count}, {dim}); "
+                                    "delete it or use another --out")
+            return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as error:
             raise UserError(f"{path} is unreadable ({error}); delete it to draw it again") from None
-        if noise.shape != (count, dim) or noise.dtype != np.float32:
-            raise UserError(f"{path} holds {noise.dtype}{noise.shape}, expected float32"
-                            f"({count}, {dim}); delete it or use another --out")
-        return noise
     noise = np.random.default_rng([seed, NOISE_STREAM]).standard_normal((count, dim))
     noise = noise.astype(np.float32)
     tmp = path.with_name(path.name + ".tmp")

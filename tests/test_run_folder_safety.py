@@ -2,6 +2,7 @@
 non-zero exit, never a traceback, a hang, another model's state, or a deleted folder that held
 no run; and neither --overwrite in scripts/benchmark.py nor scripts/evaluate.py touches a run
 it should not."""
+import io
 import json
 import os
 import shutil
@@ -169,6 +170,22 @@ def test_a_fifo_as_weights_file_or_checkpoint_is_refused_not_waited_on(tmp_path)
         result = run_script(script, *TINY, "--out", str(run), "--resume", "--iters", "12", timeout=300)
         assert result.returncode == 1 and "fixed_noise.npy is not a regular file" in result.stderr, \
             result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_damaged_fixed_noise_file_costs_no_training_and_no_memory(framework, tmp_path, capsys):
+    """Grids are drawn after the checkpoint of their step, and the noise file's header is read
+    before its data: one claiming 40 TB was an out-of-memory error telling the user to shrink
+    the batch, raised before the step's checkpoint, which was lost."""
+    run = tmp_path / "run"
+    train(run, framework=framework)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**11, 100)})
+    (run / "fixed_noise.npy").write_bytes(header.getvalue() + bytes(64))
+    refused(capsys, "fixed_noise.npy holds float32(100000000000, 100), expected float32(", run,
+            "--resume", "--iters", "4", framework=framework)
+    steps = [path.name for path in sorted((run / "checkpoints").iterdir())]
+    assert steps == [f"step_{step:06d}.{SUFFIX[framework]}" for step in (2, 4)]
 
 
 # --- 6. another model's weights ---------------------------------------------------------------
