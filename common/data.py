@@ -359,6 +359,30 @@ def _check_label_values(labels: np.ndarray, source: Path) -> None:
         )
 
 
+def npy_header(file) -> tuple[tuple, bool, np.dtype]:
+    """(shape, fortran_order, dtype) of the .npy file open at its start; ValueError if it is
+    not one."""
+    version = np.lib.format.read_magic(file)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(file)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(file)
+    raise ValueError(f".npy format version {version[0]}.{version[1]}, not 1.0 or 2.0")
+
+
+def _check_npz_member(archive: NpzFile, key: str, path: Path) -> None:
+    """An array's header against the bytes its member holds, before numpy allocates what the
+    header claims (a damaged or hostile one can claim petabytes)."""
+    name = key if key in archive.zip.namelist() else f"{key}.npy"
+    info = archive.zip.getinfo(name)
+    with archive.zip.open(info) as member:
+        shape, _, dtype = npy_header(member)
+        declared, held = math.prod(shape) * dtype.itemsize, info.file_size - member.tell()
+    if declared > held:
+        raise DataError(f"{path}: {key} claims {dtype}{shape}, {declared:,} bytes, but holds {held:,}; "
+                        "download it again")
+
+
 def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Read the named arrays from a .npz archive; allow_pickle=False keeps it code-free."""
     try:
@@ -370,6 +394,8 @@ def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
             if missing:
                 present = ", ".join(archive.files) or "none"
                 raise DataError(f"{path} lacks the arrays {', '.join(missing)} (it has {present})")
+            for key in keys:
+                _check_npz_member(archive, key, path)
             return {key: archive[key] for key in keys}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise DataError(f"{path} is not a readable .npz archive ({_reason(exc)}); download it again") from None

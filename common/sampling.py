@@ -13,20 +13,10 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from common.data import npy_header  # noqa: E402
 from common.errors import UserError  # noqa: E402
 
 NOISE_STREAM = 7  # keeps the fixed noise independent of other numpy streams drawn from --seed
-
-
-def npy_header(file) -> tuple[tuple, bool, np.dtype]:
-    """(shape, fortran_order, dtype) of the .npy file open at its start; ValueError if it is
-    not one."""
-    version = np.lib.format.read_magic(file)
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(file)
-    if version == (2, 0):
-        return np.lib.format.read_array_header_2_0(file)
-    raise ValueError(f".npy format version {version[0]}.{version[1]}, not 1.0 or 2.0")
 
 
 def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import pickle
 import struct
 import tracemalloc
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -287,15 +289,35 @@ def _write_npz_with_float_images(path: Path) -> None:
     np.savez(path, x_test=np.zeros((1, 28, 28), np.float32), y_test=np.zeros(1, np.uint8))
 
 
+def _write_npz_claiming(images: int, held: int):
+    """An archive whose x_test header claims `images` images while its member holds `held`:
+    numpy would allocate what the header claims before reading."""
+
+    def write(path: Path) -> None:
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
+                                                      "shape": (images, 28, 28)})
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("x_test.npy", header.getvalue() + bytes(held * 28 * 28))
+            labels = io.BytesIO()
+            np.save(labels, np.zeros(held, np.uint8))
+            archive.writestr("y_test.npy", labels.getvalue())
+
+    return write
+
+
 @pytest.mark.parametrize(
     "write, fragment",
     [
         (lambda path: path.write_bytes(b"PK\x03\x04 not really a zip"), "not a readable .npz archive"),
+        (_write_npz_claiming(10**13, 1), "x_test claims uint8(10000000000000, 28, 28), 7,840,000,000,000,000 bytes, "
+                                         "but holds 784"),
+        (_write_npz_claiming(3, 2), "x_test claims uint8(3, 28, 28), 2,352 bytes, but holds 1,568"),
         (_write_npz_missing_test_split, "lacks the arrays x_test, y_test"),
         (_write_npz_with_object_array, "not a readable .npz archive"),
         (_write_npz_with_float_images, "expected uint8"),
     ],
-    ids=["not-zip", "missing-keys", "object-array", "float-images"],
+    ids=["not-zip", "claims-petabytes", "truncated", "missing-keys", "object-array", "float-images"],
 )
 def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
     write(tmp_path / "mnist.npz")
