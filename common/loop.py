@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm.auto import tqdm
 
-from common import porting
+from common import cpu, porting
 from common.config import SCALE_WARN_WINDOW, RunConfig
 from common.distributed import OneProcess, Replicas
 from common.errors import CheckpointError, UserError
@@ -391,6 +391,7 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
         "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": log_interval.skipped_total,
         "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
         "replicas": session.replicas.count,
+        "cpu": cpu.describe(),  # the figures' machine: the same seed sums alike only on the same kind
         "stopped_early": stopped_early,
     }
 

@@ -4,13 +4,15 @@
 
 The figures are the runs' own: median step time over the logged intervals (the first
 interval, which includes graph tracing and warm-up, is left out), samples/s at that median,
-peak memory (CPU: peak resident set of the process; CUDA: allocator peak).
+peak memory (CPU: peak resident set of the process; CUDA: allocator peak). Below the table,
+the CPU each run's figures were measured on (the runs' summary.json record it).
 """
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
+from common import cpu
 from common.errors import UserError, exit_on_user_error
 from common.flags import OneLineErrorParser
 from common.runs import read_json
@@ -35,10 +37,12 @@ def rows(folders):
             config = read_json(run / "config.json", ("precision", "device"), hint)
             losses = ", ".join(f"{k} {number(v, 3)}" for k, v in summary.get("final", {}).items()
                                if k not in NOT_LOSSES)
+            machine = (cpu.summary(summary["cpu"]) if isinstance(summary.get("cpu"), dict)
+                       else "not recorded (a run from before summary.json kept it)")
             yield (f"{summary['model']} {summary['framework']}", config["precision"],
                    config["device"], str(summary["step"]), number(summary.get("median_step_ms"), 2),
                    number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),
-                   str(summary.get("skipped_steps", "-")), losses or "-")
+                   str(summary.get("skipped_steps", "-")), losses or "-"), (machine, run)
 
 
 @exit_on_user_error
@@ -50,8 +54,13 @@ def main(argv=None):
         raise UserError("no summary.json under those folders; train a model first")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
-    for row in found:
+    for row, _ in found:
         print("| " + " | ".join(row) + " |")
+    machines: dict[str, list[str]] = {}
+    for _, (machine, run) in found:
+        machines.setdefault(machine, []).append(str(run))
+    for machine, runs in machines.items():
+        print(f"CPU: {machine}" + (f" ({', '.join(runs)})" if len(machines) > 1 else ""))
     return 0
 
 

@@ -256,9 +256,19 @@ def test_summarize_runs_names_a_damaged_file_in_one_line(name, content, tmp_path
 def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     from scripts import summarize_runs
 
-    fake_compare_runs(tmp_path / "runs")
+    folders = fake_compare_runs(tmp_path / "runs")
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
-    assert "| vanilla_gan tensorflow | fp32 | cpu | 2 | 1.00 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| vanilla_gan tensorflow | fp32 | cpu | 2 | 1.00 |" in out
+    assert out.endswith("\nCPU: not recorded (a run from before summary.json kept it)\n")
+
+    summary = json.loads((folders["pytorch"] / "summary.json").read_text())
+    machine = {"model": "AMD EPYC", "cores": 2, "avx512_bf16": True, "amx_bf16": False}
+    (folders["pytorch"] / "summary.json").write_text(json.dumps({**summary, "cpu": machine}))
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [  # runs from two machines: which ran where
+        f"CPU: AMD EPYC, 2 cores, avx512_bf16 yes, amx_bf16 no ({folders['pytorch']})",
+        f"CPU: not recorded (a run from before summary.json kept it) ({folders['tensorflow']})"]
 
 
 @pytest.mark.parametrize("name, table_only", [("config.json", False), ("summary.json", True)])

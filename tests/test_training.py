@@ -8,6 +8,7 @@ import signal
 import numpy as np
 import pytest
 
+from common import cpu
 from common.runs import RunFolder
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from tests.conftest import checkpoint_arrays
@@ -54,6 +55,7 @@ def test_short_run_writes_the_run_folder(framework, amp, tmp_path):
     assert saved == json.loads(json.dumps(summary))
     assert saved["median_step_ms"] > 0 and saved["samples_per_s"] > 0
     assert saved["peak_memory_mb"] > 0 and saved["step"] == 6
+    assert saved["cpu"] == cpu.describe()  # model name, cores, avx512_bf16, amx_bf16
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
@@ -185,7 +187,8 @@ def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
     capsys.readouterr()
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert len(table) == 4  # header, rule, two runs
+    assert len(table) == 5  # header, rule, two runs, the CPU both ran on
+    assert table[4] == f"CPU: {cpu.summary()}"
     assert "vanilla_gan pytorch | fp32 | cpu | 4 |" in table[2]
     assert "vanilla_gan tensorflow | amp-bf16 | cpu | 4 |" in table[3]
     final = json.loads((tmp_path / "runs" / "pt" / "summary.json").read_text())["final"]
