@@ -47,3 +47,16 @@ def summary(info: dict | None = None) -> str:
     marks = {True: "yes", False: "no", None: "unknown"}
     return f"{info['model']}, {info['cores']} cores, " + ", ".join(
         f"{feature} {marks[info[feature]]}" for feature in BF16_FEATURES)
+
+
+NOT_RECORDED = "not recorded (a run from before summary.json kept it)"
+
+
+def measured_on(runs: list[tuple[str, dict | None]]) -> list[str]:
+    """'CPU: ...' lines for (run, its summary.json's "cpu") pairs: one line when the runs share
+    a CPU, else one per CPU naming its runs."""
+    machines: dict[str, list[str]] = {}
+    for run, info in runs:
+        machines.setdefault(summary(info) if isinstance(info, dict) else NOT_RECORDED, []).append(run)
+    return [f"CPU: {machine}" + (f" ({', '.join(names)})" if len(machines) > 1 else "")
+            for machine, names in machines.items()]

@@ -37,12 +37,10 @@ def rows(folders):
             config = read_json(run / "config.json", ("precision", "device"), hint)
             losses = ", ".join(f"{k} {number(v, 3)}" for k, v in summary.get("final", {}).items()
                                if k not in NOT_LOSSES)
-            machine = (cpu.summary(summary["cpu"]) if isinstance(summary.get("cpu"), dict)
-                       else "not recorded (a run from before summary.json kept it)")
             yield (f"{summary['model']} {summary['framework']}", config["precision"],
                    config["device"], str(summary["step"]), number(summary.get("median_step_ms"), 2),
                    number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),
-                   str(summary.get("skipped_steps", "-")), losses or "-"), (machine, run)
+                   str(summary.get("skipped_steps", "-")), losses or "-"), (str(run), summary.get("cpu"))
 
 
 @exit_on_user_error
@@ -56,11 +54,7 @@ def main(argv=None):
     print("|" + "---|" * len(COLUMNS))
     for row, _ in found:
         print("| " + " | ".join(row) + " |")
-    machines: dict[str, list[str]] = {}
-    for _, (machine, run) in found:
-        machines.setdefault(machine, []).append(str(run))
-    for machine, runs in machines.items():
-        print(f"CPU: {machine}" + (f" ({', '.join(runs)})" if len(machines) > 1 else ""))
+    print("\n".join(cpu.measured_on([machine for _, machine in found])))
     return 0
 
 

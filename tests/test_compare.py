@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from common import porting, report
+from common import cpu, porting, report
 from GAN.dcgan import dcgan_tensorflow
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from scripts import compare
@@ -129,6 +129,8 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys):
     assert tensorflow_config["init_from"] == str(runs / "vanilla_gan" / "pytorch-fp32")
     markdown = (folder / "table.md").read_text()
     assert markdown.count("\n") == 4 and "| pytorch fp32 | cpu | 6 |" in markdown
+    assert all(r["cpu"] == cpu.describe() for r in table["rows"])
+    assert f"\nCPU: {cpu.summary()}\n" in (folder / "report.md").read_text()  # the two runs' machine, once
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:  # existing runs are never retrained silently
