@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import flags, models
+from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, POINT_DATASETS, RESUME_KEYS, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
@@ -136,7 +136,8 @@ def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict
             config = read_json(folder / "config.json", ("precision",), AGAIN)
             metrics = summary.get("metrics", {})
             row = {"model": model, "dataset": dataset, "framework": framework, "precision": config["precision"],
-                   "seed": seed, "folder": str(folder), "steps": summary["step"], "metrics": metrics}
+                   "seed": seed, "folder": str(folder), "steps": summary["step"], "metrics": metrics,
+                   "cpu": summary.get("cpu")}
             if amp and fp32_fids.get(seed) and metrics.get("fid") is not None:
                 row["fid_ratio"] = metrics["fid"] / fp32_fids[seed]
             if not amp and metrics.get("fid"):
@@ -240,7 +241,8 @@ def main(argv=None) -> int:
     floor = evaluation.real_data_floor(min(args.samples, evaluation.MNIST_TEST_IMAGES))
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})
-    table = markdown(rows, seed_column=args.seeds != [0])
+    machines = cpu.measured_on([(row["folder"], row["cpu"]) for row in rows if "folder" in row])
+    table = "\n\n".join([markdown(rows, seed_column=args.seeds != [0]), *(["\n".join(machines)] if machines else [])])
     args.runs.mkdir(parents=True, exist_ok=True)
     atomic_write(args.runs / "quality_table.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.runs / "quality_table.json",

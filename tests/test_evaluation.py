@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from common import cpu, evaluation
 from common import data as datasets
-from common import evaluation
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from scripts import evaluate as evaluate_script
 from VAE.vanilla_vae import vae_tensorflow
@@ -133,7 +133,8 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     assert "modes_covered" in rows[3]["metrics"] and rows[4]["metrics"]["samples"] == 100
     assert evaluation.sample_count("ring8", 10_000) == 2500  # the mixture protocol's count
     table = (tmp_path / "quality_table.md").read_text()
-    assert table.count("\n") == 2 + len(rows) and "| vanilla_gan | ring8 | pytorch | amp-bf16 |" in table
+    assert table.count("\n") == 2 + len(rows) + 2 and "| vanilla_gan | ring8 | pytorch | amp-bf16 |" in table
+    assert table.endswith(f"|\n\nCPU: {cpu.summary()}\n")  # the runs' machine, below the table
 
     summary = tmp_path / "vanilla_gan" / "mnist" / "pytorch-fp32" / "summary.json"
     before = summary.stat().st_mtime_ns
