@@ -1,7 +1,7 @@
 """Run by tests/test_readme_commands.py: each command read from stdin (JSON, a list of
 [script, [argument, ...]]) goes to its script's own argument parser, as a user's would, and
 stops there: nothing is loaded or trained. Prints one JSON result per command:
-{"parsed": bool, "unknown": [...], "message": "..."}.
+{"parsed": bool, "unknown": [...], "namespace": {...}, "message": "..."}.
 
     python tests/readme_command_probe.py < commands.json
 """
@@ -38,10 +38,10 @@ for script, arguments in json.load(sys.stdin):
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(str(REPO / script), run_name="__main__")
-        results.append({"parsed": False, "unknown": [], "message": "ran without parsing flags"})
+        results.append({"parsed": False, "message": "ran without parsing flags"})
     except Parsed as stop:
-        _, unknown = stop.args[0]
-        results.append({"parsed": True, "unknown": unknown, "message": ""})
+        namespace, unknown = stop.args[0]
+        results.append({"parsed": True, "unknown": unknown, "namespace": vars(namespace), "message": ""})
     except SystemExit:
-        results.append({"parsed": False, "unknown": [], "message": errors.getvalue().strip()})
-print(json.dumps(results))
+        results.append({"parsed": False, "message": errors.getvalue().strip()})
+print(json.dumps(results, default=str))  # paths as text
