@@ -20,13 +20,13 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm.auto import tqdm
 
-from common import cpu, porting
+from common import cpu, porting, sampling
 from common.config import SCALE_WARN_WINDOW, RunConfig
 from common.distributed import OneProcess, Replicas
 from common.errors import CheckpointError, UserError
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
-from common.runs import BatchOrder, Checkpoints, RunFolder
+from common.runs import BatchOrder, Checkpoints, RunFolder, read_json
 from common.tensorboard import Board, Writer
 
 
@@ -364,7 +364,7 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
                   skipped_total: int, finishing: bool, clock: StepClock):
     """Checkpoints every --checkpoint-every (the last two kept), sample grids (also to
     TensorBoard) every --sample-every steps, and both at the last step. The checkpoint first:
-    a grid that cannot be written (a full disk, a damaged fixed_noise.npy) loses no training."""
+    a last grid that cannot be written (a full disk) loses no training, and --resume draws it."""
     if not run.writable:
         return
     wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
@@ -391,7 +391,7 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
         "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": log_interval.skipped_total,
         "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
         "replicas": session.replicas.count,
-        "cpu": cpu.describe(),  # the figures' machine: the same seed sums alike only on the same kind
+        "cpu": cpu.describe(),  # the timings', and a seed's bit-exact results, hold on this kind of CPU
         "stopped_early": stopped_early,
     }
 
@@ -436,9 +436,14 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     log_interval = IntervalLog(cfg, run, session, clock, progress, board, skipped_total, log)
     profile = ProfileWindow(cfg, run, session, start_step, log)
 
+    if run.writable:
+        sampling.check_fixed_noise(run.path)  # now, not at the first grid, steps later
     if start_step == 0 and cfg.sample_every and run.writable:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
         board.samples(0)
+    elif start_step == cfg.iters and run.writable and not run.sample_path(start_step).exists():
+        session.write_samples(run, start_step)  # the last grid, which failed after the last checkpoint
+        board.samples(start_step)
     session.start(order, start_step, cfg.iters)
     session.synchronize()
     clock.restart()
@@ -473,9 +478,13 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
         finally:
             session.replicas.wait_for_writer()
     summary = summarize(cfg, session, step, log_interval, stopped_early)
-    if step == start_step and (run.path / "summary.json").exists():
-        # Nothing trained in this process (say, evaluating a finished run): keep its figures.
-        summary = {**run.read_summary(), "stopped_early": False}
+    if step == start_step:  # nothing trained in this process (say, evaluating a finished run)
+        try:
+            previous = read_json(run.path / "summary.json")
+        except UserError:  # none, or damaged
+            previous = {}
+        if previous.get("step") == step:  # the figures of the process that trained up to here
+            summary = {**previous, "stopped_early": False}
     if cfg.evaluate and not stopped_early and run.writable:
         summary["metrics"] = session.evaluate(cfg)
         board.metrics(summary["metrics"], step)

@@ -285,9 +285,6 @@ class RunFolder:
         atomic_write(self.path / "summary.json",
                      lambda f: f.write(json.dumps(summary, indent=2, sort_keys=True).encode()))
 
-    def read_summary(self) -> dict:
-        return json.loads((self.path / "summary.json").read_text())
-
     def read_finished(self, hint: str = "") -> tuple[dict, dict]:
         """config.json and summary.json of a finished run (its framework, precision and step);
         one UserError line, ending in `hint` (what to do), otherwise."""

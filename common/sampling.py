@@ -5,6 +5,7 @@ sample grid of a run, and the grids of the PyTorch and TensorFlow twins, come fr
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -19,18 +20,40 @@ from common.errors import UserError  # noqa: E402
 NOISE_STREAM = 7  # keeps the fixed noise independent of other numpy streams drawn from --seed
 
 
+def noise_file_shape(path: Path) -> tuple:
+    """The shape of a fixed_noise.npy, from its header, after checking that the file is a
+    regular one holding float32 rows and exactly the bytes its header claims (a damaged header
+    may claim terabytes). One UserError line otherwise."""
+    if not path.is_file():  # a FIFO would block the read forever
+        raise UserError(f"{path} is not a regular file; remove it to draw the noise again")
+    try:
+        with open(path, "rb") as file:
+            shape, _, dtype = npy_header(file)
+            held = path.stat().st_size - file.tell()
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path} is unreadable ({error}); delete it to draw it again") from None
+    if dtype != np.float32 or len(shape) != 2 or math.prod(shape) * dtype.itemsize != held:
+        raise UserError(f"{path} holds {held:,} bytes but its header claims {dtype}{shape}: not the "
+                        "float32 rows a run writes; delete it to draw it again")
+    return shape
+
+
+def check_fixed_noise(run_dir: Path) -> None:
+    """Before a resumed run trains: its noise file is sound (its grids come after steps)."""
+    path = Path(run_dir) / "fixed_noise.npy"
+    if path.exists() or path.is_symlink():
+        noise_file_shape(path)
+
+
 def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:
     """The run's fixed N(0, I) noise: read from fixed_noise.npy, or drawn and saved there."""
     path = Path(run_dir) / "fixed_noise.npy"
     if path.exists():
-        if not path.is_file():  # a FIFO would block the read forever
-            raise UserError(f"{path} is not a regular file; remove it to draw the noise again")
+        shape = noise_file_shape(path)
+        if shape != (count, dim):
+            raise UserError(f"{path} holds float32{shape}, expected float32({count}, {dim}); "
+                            "delete it or use another --out")
         try:
-            with open(path, "rb") as file:  # the header first: it may claim terabytes
-                shape, _, dtype = npy_header(file)
-                if shape != (count, dim) or dtype != np.float32:
-                    raise UserError(f"{path} holds {dtype}{shape}, expected float32({count}, {dim}); "
-                                    "delete it or use another --out")
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as error:
             raise UserError(f"{path} is unreadable ({error}); delete it to draw it again") from None

@@ -2,6 +2,7 @@
 non-zero exit, never a traceback, a hang, another model's state, or a deleted folder that held
 no run; and neither --overwrite in scripts/benchmark.py nor scripts/evaluate.py touches a run
 it should not."""
+import errno
 import io
 import json
 import os
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import porting
+from common import porting, sampling
 from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from tests.conftest import run_script
@@ -173,19 +174,39 @@ def test_a_fifo_as_weights_file_or_checkpoint_is_refused_not_waited_on(tmp_path)
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
-def test_a_damaged_fixed_noise_file_costs_no_training_and_no_memory(framework, tmp_path, capsys):
-    """Grids are drawn after the checkpoint of their step, and the noise file's header is read
-    before its data: one claiming 40 TB was an out-of-memory error telling the user to shrink
-    the batch, raised before the step's checkpoint, which was lost."""
+def test_a_damaged_fixed_noise_file_or_a_failed_last_grid_costs_no_training(framework, tmp_path, capsys,
+                                                                              monkeypatch):
+    """The noise file is checked, header against size, before a resumed run trains (its first
+    grid comes steps later; a header claiming 40 TB was an out-of-memory error telling the
+    user to shrink the batch). A last grid that fails after the last checkpoint is drawn by
+    --resume."""
     run = tmp_path / "run"
     train(run, framework=framework)
+    noise = (run / "fixed_noise.npy").read_bytes()
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**11, 100)})
     (run / "fixed_noise.npy").write_bytes(header.getvalue() + bytes(64))
-    refused(capsys, "fixed_noise.npy holds float32(100000000000, 100), expected float32(", run,
+    refused(capsys, "fixed_noise.npy holds 64 bytes but its header claims float32(100000000000, 100)", run,
             "--resume", "--iters", "4", framework=framework)
-    steps = [path.name for path in sorted((run / "checkpoints").iterdir())]
-    assert steps == [f"step_{step:06d}.{SUFFIX[framework]}" for step in (2, 4)]
+    (run / "fixed_noise.npy").write_bytes(noise[:-4])  # truncated
+    refused(capsys, "fixed_noise.npy holds 25,596 bytes but its header claims float32(64, 100)", run,
+            "--resume", "--iters", "4", framework=framework)
+    assert [path.name for path in (run / "checkpoints").iterdir()] == [f"step_000002.{SUFFIX[framework]}"]
+
+    (run / "fixed_noise.npy").write_bytes(noise)
+    save_grid = sampling.save_image_grid
+
+    def disk_full_at_step_4(images, path, *args, **kwargs):
+        if path.name == "step_000004.png":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        save_grid(images, path, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "save_image_grid", disk_full_at_step_4)
+    refused(capsys, "No space left on device", run, "--resume", "--iters", "4", framework=framework)
+    assert f"step_000004.{SUFFIX[framework]}" in {path.name for path in (run / "checkpoints").iterdir()}
+    monkeypatch.setattr(sampling, "save_image_grid", save_grid)
+    assert train(run, "--resume", "--iters", "4", framework=framework)["step"] == 4
+    assert (run / "samples" / "step_000004.png").is_file()
 
 
 # --- 6. another model's weights ---------------------------------------------------------------
