@@ -207,6 +207,8 @@ def test_a_damaged_fixed_noise_file_or_a_failed_last_grid_costs_no_training(fram
     monkeypatch.setattr(sampling, "save_image_grid", save_grid)
     assert train(run, "--resume", "--iters", "4", framework=framework)["step"] == 4
     assert (run / "samples" / "step_000004.png").is_file()
+    (run / "summary.json").write_text('{"step": 4, "med')  # cut short: reopening it wrote a traceback
+    assert train(run, "--resume", "--iters", "4", framework=framework)["step"] == 4
 
 
 # --- 6. another model's weights ---------------------------------------------------------------
