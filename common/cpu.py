@@ -43,7 +43,7 @@ def has_native_bf16() -> bool:
 
 def summary(info: dict | None = None) -> str:
     """One line: 'Intel(R) Xeon(R) ..., 2 cores, avx512_bf16 yes, amx_bf16 no'."""
-    info = info or describe()
+    info = describe() if info is None else info
     marks = {True: "yes", False: "no", None: "unknown"}
     return f"{info['model']}, {info['cores']} cores, " + ", ".join(
         f"{feature} {marks[info[feature]]}" for feature in BF16_FEATURES)
@@ -52,11 +52,22 @@ def summary(info: dict | None = None) -> str:
 NOT_RECORDED = "not recorded (a run from before summary.json kept it)"
 
 
+def recorded(info) -> str:
+    """summary() of a run's recorded "cpu", or what is wrong with it (an edited file)."""
+    if info is None:
+        return NOT_RECORDED
+    if (not isinstance(info, dict) or not isinstance(info.get("model"), str)
+            or not isinstance(info.get("cores"), (int, type(None)))
+            or not all(feature in info and isinstance(info[feature], (bool, type(None))) for feature in BF16_FEATURES)):
+        return "unreadable (summary.json's \"cpu\" is not what a run writes)"
+    return summary(info)
+
+
 def measured_on(runs: list[tuple[str, dict | None]]) -> list[str]:
     """'CPU: ...' lines for (run, its summary.json's "cpu") pairs: one line when the runs share
     a CPU, else one per CPU naming its runs."""
     machines: dict[str, list[str]] = {}
     for run, info in runs:
-        machines.setdefault(summary(info) if isinstance(info, dict) else NOT_RECORDED, []).append(run)
+        machines.setdefault(recorded(info), []).append(run)
     return [f"CPU: {machine}" + (f" ({', '.join(names)})" if len(machines) > 1 else "")
             for machine, names in machines.items()]

@@ -361,7 +361,8 @@ def _check_label_values(labels: np.ndarray, source: Path) -> None:
 
 def npy_header(file) -> tuple[tuple, bool, np.dtype]:
     """(shape, fortran_order, dtype) of the .npy file open at its start; ValueError if it is
-    not one."""
+    not one. (Format 3.0, which only structured arrays with UTF-8 field names need, is refused:
+    no file of this repository has one.)"""
     version = np.lib.format.read_magic(file)
     if version == (1, 0):
         return np.lib.format.read_array_header_1_0(file)
@@ -370,14 +371,21 @@ def npy_header(file) -> tuple[tuple, bool, np.dtype]:
     raise ValueError(f".npy format version {version[0]}.{version[1]}, not 1.0 or 2.0")
 
 
+DEFLATE_MAX_RATIO = 1032  # deflate cannot shrink data more than this
+
+
 def _check_npz_member(archive: NpzFile, key: str, path: Path) -> None:
-    """An array's header against the bytes its member holds, before numpy allocates what the
-    header claims (a damaged or hostile one can claim petabytes)."""
-    name = key if key in archive.zip.namelist() else f"{key}.npy"
+    """An array's header against the bytes its member can hold, before numpy allocates what the
+    header claims (a damaged or hostile one can claim petabytes). The zip index's own sizes
+    can lie too, so they are bounded by the file's size on disk and deflate's largest ratio."""
+    name = key if key in archive.zip.namelist() else f"{key}.npy"  # numpy's choice of member
     info = archive.zip.getinfo(name)
+    stored = min(info.compress_size, path.stat().st_size)
+    ratio = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: DEFLATE_MAX_RATIO}.get(info.compress_type)
     with archive.zip.open(info) as member:
         shape, _, dtype = npy_header(member)
-        declared, held = math.prod(shape) * dtype.itemsize, info.file_size - member.tell()
+        size = info.file_size if ratio is None else min(info.file_size, stored * ratio)
+        declared, held = math.prod(shape) * dtype.itemsize, size - member.tell()
     if declared > held:
         raise DataError(f"{path}: {key} claims {dtype}{shape}, {declared:,} bytes, but holds {held:,}; "
                         "download it again")

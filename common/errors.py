@@ -46,6 +46,12 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def described(error: BaseException) -> str:
+    """'Type: first line' of an exception, or 'Type' when it has no message."""
+    line = first_line(error)
+    return line if line == type(error).__name__ else f"{type(error).__name__}: {line}"
+
+
 def file_system_problem(error: BaseException) -> str | None:
     """One line for an OSError the file system raised (not a folder, read-only, disk full, no
     permission), naming the path where the error has one; None for anything else."""

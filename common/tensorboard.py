@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image
 
 from common.config import RunConfig
-from common.errors import first_line
+from common.errors import described
 from common.runs import RunFolder
 
 SAMPLES_TAG = "samples"
@@ -127,8 +127,8 @@ class Board:
             yield
         except Exception as error:  # whichever framework's error: the training goes on
             self.writer = None
-            self.log(f"warning: TensorBoard events could not be written ({type(error).__name__}: "
-                     f"{first_line(error)}); the run goes on without them")
+            self.log(f"warning: TensorBoard events could not be written ({described(error)}); "
+                     "the run goes on without them")
 
     def interval(self, row: dict, losses: dict[str, float]):
         if self.writer:

@@ -38,7 +38,7 @@ import torch
 
 from common import data as datasets
 from common import models
-from common.errors import CheckpointError, UsageError, UserError, exit_on_user_error, first_line
+from common.errors import CheckpointError, UsageError, UserError, described, exit_on_user_error
 from common.flags import OneLineErrorParser
 from common.runs import RunFolder, check_regular_file
 from scripts.parity import keras_to_torch, torch_to_keras
@@ -110,7 +110,7 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
                 keras_to_torch(network, torch_networks[name], image_shape_hwc)
     except Exception as error:  # unpickling, zip and shape errors have many types; all mean "not these networks"
         raise CheckpointError(f"--weights: checkpoint {path} does not hold this model's networks "
-                              f"({type(error).__name__}: {first_line(error)[:200]})") from None
+                              f"({described(error)[:200]})") from None
 
 
 def pytorch_gradients(script, networks: dict, real: np.ndarray, z: np.ndarray, amp: bool) -> list[np.ndarray]:

@@ -5,7 +5,7 @@
 The figures are the runs' own: median step time over the logged intervals (the first
 interval, which includes graph tracing and warm-up, is left out), samples/s at that median,
 peak memory (CPU: peak resident set of the process; CUDA: allocator peak). Below the table,
-the CPU each run's figures were measured on (the runs' summary.json record it).
+the CPU each run's figures were measured on (each run's summary.json records it).
 """
 import sys
 from pathlib import Path
@@ -27,6 +27,7 @@ def number(value, digits: int) -> str:
 
 
 def rows(folders):
+    """Each run's table row, with (its folder, its summary.json's "cpu")."""
     for folder in folders:
         if not Path(folder).is_dir():
             raise UserError(f"{folder} is not a folder (name folders holding run folders)")
@@ -54,7 +55,7 @@ def main(argv=None):
     print("|" + "---|" * len(COLUMNS))
     for row, _ in found:
         print("| " + " | ".join(row) + " |")
-    print("\n".join(cpu.measured_on([machine for _, machine in found])))
+    print("\n" + "\n".join(cpu.measured_on([machine for _, machine in found])))  # apart from the table
     return 0
 
 

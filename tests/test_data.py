@@ -306,6 +306,16 @@ def _write_npz_claiming(images: int, held: int):
     return write
 
 
+def _write_npz_whose_index_lies(path: Path) -> None:
+    """x_test claims 1,000,000 images and the zip index 4 GiB for it (both sizes a hostile file
+    can set); the member stores 784 bytes."""
+    _write_npz_claiming(10**6, 1)(path)
+    content = bytearray(path.read_bytes())
+    entry = content.index(b"PK\x01\x02")  # x_test's entry in the central directory, written first
+    struct.pack_into("<I", content, entry + 24, 0xFFFFFFF0)  # its uncompressed size
+    path.write_bytes(bytes(content))
+
+
 @pytest.mark.parametrize(
     "write, fragment",
     [
@@ -313,11 +323,12 @@ def _write_npz_claiming(images: int, held: int):
         (_write_npz_claiming(10**13, 1), "x_test claims uint8(10000000000000, 28, 28), 7,840,000,000,000,000 bytes, "
                                          "but holds 784"),
         (_write_npz_claiming(3, 2), "x_test claims uint8(3, 28, 28), 2,352 bytes, but holds 1,568"),
+        (_write_npz_whose_index_lies, "x_test claims uint8(1000000, 28, 28), 784,000,000 bytes, but holds 784"),
         (_write_npz_missing_test_split, "lacks the arrays x_test, y_test"),
         (_write_npz_with_object_array, "not a readable .npz archive"),
         (_write_npz_with_float_images, "expected uint8"),
     ],
-    ids=["not-zip", "claims-petabytes", "truncated", "missing-keys", "object-array", "float-images"],
+    ids=["not-zip", "claims-petabytes", "truncated", "index-lies", "missing-keys", "object-array", "float-images"],
 )
 def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
     write(tmp_path / "mnist.npz")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.config import parse_args
-from common.errors import UsageError, exit_on_user_error, first_line
+from common.errors import UsageError, described, exit_on_user_error, first_line
 
 TINY = ["--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64", "--no-tensorboard",
         "--device", "cpu"]
@@ -119,6 +119,7 @@ def test_file_system_errors_become_one_line_naming_the_path(error, expected, cap
 ])
 def test_an_error_quoted_in_ours_is_its_first_line(error, expected):
     assert first_line(error) == expected
+    assert described(error) == (expected if expected == type(error).__name__ else f"{type(error).__name__}: {expected}")
 
 
 def test_a_full_disk_names_the_file_being_written(tmp_path, capsys):
@@ -269,6 +270,11 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-2:] == [  # runs from two machines: which ran where
         f"CPU: AMD EPYC, 2 cores, avx512_bf16 yes, amx_bf16 no ({folders['pytorch']})",
         f"CPU: not recorded (a run from before summary.json kept it) ({folders['tensorflow']})"]
+    for edited in ({}, {**machine, "avx512_bf16": "yes"}, ["AMD EPYC"]):  # never this machine's, nor a traceback
+        (folders["pytorch"] / "summary.json").write_text(json.dumps({**summary, "cpu": edited}))
+        assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+        assert capsys.readouterr().out.splitlines()[-2] == (
+            f"CPU: unreadable (summary.json's \"cpu\" is not what a run writes) ({folders['pytorch']})")
 
 
 @pytest.mark.parametrize("name, table_only", [("config.json", False), ("summary.json", True)])

@@ -138,8 +138,9 @@ def test_no_tensorboard_writes_none_and_a_failed_write_does_not_stop_training(tm
 
 
 def test_a_full_disk_under_the_event_writer_is_one_warning_in_both_frameworks(tmp_path, monkeypatch, capsys):
-    """Where the bytes are really written: PyTorch's writer thread fails and keeps its error for
-    the next write (no thread traceback), TensorFlow's error message is several lines."""
+    """PyTorch's writes fail where the bytes are written, in the writer's thread, which keeps
+    its error for the next write (no thread traceback); TensorFlow's writer raises the
+    several-line error tf.summary raised on a full disk."""
     from tensorboard.summary.writer import record_writer
 
     def disk_full(self, data):

@@ -187,8 +187,8 @@ def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
     capsys.readouterr()
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert len(table) == 5  # header, rule, two runs, the CPU both ran on
-    assert table[4] == f"CPU: {cpu.summary()}"
+    assert len(table) == 6  # header, rule, two runs, a blank line, the CPU both ran on
+    assert table[4:] == ["", f"CPU: {cpu.summary()}"]
     assert "vanilla_gan pytorch | fp32 | cpu | 4 |" in table[2]
     assert "vanilla_gan tensorflow | amp-bf16 | cpu | 4 |" in table[3]
     final = json.loads((tmp_path / "runs" / "pt" / "summary.json").read_text())["final"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from common.errors import CheckpointError
+from common.errors import CheckpointError, described
 from common.runs import atomic_write, check_meta, check_regular_file
 
 SUFFIX = "pt"
@@ -69,9 +69,7 @@ class Checkpoints:
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.runtime.device)
             return meta
         except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as error:
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise CheckpointError(f"checkpoint {path} does not fit this model "
-                                  f"({type(error).__name__}: {first_line})") from None
+            raise CheckpointError(f"checkpoint {path} does not fit this model ({described(error)})") from None
 
 
 # load_state_dict checks the networks' shapes but copies an optimizer's hyperparameters, its

@@ -24,26 +24,31 @@ def summary_writer_class():
 
     lazy_tf, tensorboard.compat.tf = tensorboard.compat.tf, tensorflow_stub
     try:
-        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
         from torch.utils.tensorboard import SummaryWriter
     finally:
         tensorboard.compat.tf = lazy_tf
-    if not getattr(threading.excepthook, "quiets_event_thread", False):
-        threading.excepthook = _quiet_event_thread(threading.excepthook, _AsyncWriterThread)
     return SummaryWriter
 
 
-def _quiet_event_thread(hook, event_thread: type):
-    """threading.excepthook, less the traceback of the writer's own thread: that thread keeps
-    its error (a full disk) for the next write, which raises it, and the run says it in one
-    warning (common/tensorboard.py's Board). Other threads' exceptions go to `hook`."""
+def quiet_event_thread_errors() -> None:
+    """Install, once per process, a threading.excepthook that skips the traceback of the event
+    writer's own thread: that thread keeps its error (a full disk) for the next write, which
+    raises it, and the run says it in one warning (common/tensorboard.py's Board). Other
+    threads' exceptions go to the hook there was. (The thread's class is TensorBoard's private
+    _AsyncWriterThread: if it is renamed, the traceback shows again, nothing else changes.)"""
+    from tensorboard.summary.writer import event_file_writer  # loaded by summary_writer_class()
+
+    event_thread = getattr(event_file_writer, "_AsyncWriterThread", None)
+    previous = threading.excepthook
+    if event_thread is None or getattr(previous, "quiets_event_thread", False):
+        return
 
     def excepthook(args):
         if not isinstance(args.thread, event_thread):
-            hook(args)
+            previous(args)
 
     excepthook.quiets_event_thread = True
-    return excepthook
+    threading.excepthook = excepthook
 
 
 class Writer:
@@ -51,7 +56,9 @@ class Writer:
     earlier process wrote from this step on (a SessionLog START event at that step)."""
 
     def __init__(self, folder: Path, purge_step: int):
-        self.writer = summary_writer_class()(str(folder), purge_step=purge_step)
+        writer_class = summary_writer_class()
+        quiet_event_thread_errors()
+        self.writer = writer_class(str(folder), purge_step=purge_step)
 
     def scalars(self, values: dict[str, float], step: int):
         for tag, value in values.items():
