@@ -1,6 +1,7 @@
-"""Run by tests/test_readme_commands.py: each command read from stdin (JSON, a list of
-[script, [argument, ...]]) goes to its script's own argument parser, as a user's would, and
-stops there: nothing is loaded or trained. Prints one JSON result per command:
+"""Run by tests/test_readme_commands.py: each helper script's command read from stdin (JSON, a
+list of [script, [argument, ...]]) goes to the script's own argument parser, as a user's would,
+and stops at its first parse: nothing is loaded or trained (a check the script makes after
+parsing is not reached). Prints one JSON result per command:
 {"parsed": bool, "unknown": [...], "namespace": {...}, "message": "..."}.
 
     python tests/readme_command_probe.py < commands.json
