@@ -16,7 +16,7 @@ def precision_report(trainer) -> list[LayerRow]:
         layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
         probe = keras.Model(model.inputs, [layer.output for layer in layers])
         inputs = [np.zeros((2, *x.shape[1:]), np.float32) for x in model.inputs]
-        outputs = probe(inputs if len(inputs) > 1 else inputs[0], training=False)
+        outputs = probe(inputs, training=False)  # a list, as the probe's inputs are (else Keras warns)
         for layer, output in zip(layers, outputs if isinstance(outputs, (list, tuple)) else [outputs]):
             weights = dtype_name(layer.weights[0].dtype) if layer.weights else "-"
             rows.append((f"{name}.{layer.name}", type(layer).__name__, weights, dtype_name(output.dtype)))
