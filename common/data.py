@@ -371,6 +371,13 @@ def npy_header(file) -> tuple[tuple, bool, np.dtype]:
     raise ValueError(f".npy format version {version[0]}.{version[1]}, not 1.0 or 2.0")
 
 
+def npy_claims(file, size: int) -> tuple[tuple, np.dtype, int, int]:
+    """(shape, dtype, the data bytes its header claims, the data bytes it holds) of a .npy of
+    `size` bytes open at its start: read before numpy allocates what the header claims."""
+    shape, _, dtype = npy_header(file)
+    return shape, dtype, math.prod(shape) * dtype.itemsize, size - file.tell()
+
+
 DEFLATE_MAX_RATIO = 1032  # deflate cannot shrink data more than this
 
 
@@ -382,10 +389,9 @@ def _check_npz_member(archive: NpzFile, key: str, path: Path) -> None:
     info = archive.zip.getinfo(name)
     stored = min(info.compress_size, path.stat().st_size)
     ratio = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: DEFLATE_MAX_RATIO}.get(info.compress_type)
+    size = info.file_size if ratio is None else min(info.file_size, stored * ratio)
     with archive.zip.open(info) as member:
-        shape, _, dtype = npy_header(member)
-        size = info.file_size if ratio is None else min(info.file_size, stored * ratio)
-        declared, held = math.prod(shape) * dtype.itemsize, size - member.tell()
+        shape, dtype, declared, held = npy_claims(member, size)
     if declared > held:
         raise DataError(f"{path}: {key} claims {dtype}{shape}, {declared:,} bytes, but holds {held:,}; "
                         "download it again")

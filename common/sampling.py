@@ -5,7 +5,6 @@ sample grid of a run, and the grids of the PyTorch and TensorFlow twins, come fr
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -14,7 +13,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common.data import npy_header  # noqa: E402
+from common.data import npy_claims  # noqa: E402
 from common.errors import UserError  # noqa: E402
 
 NOISE_STREAM = 7  # keeps the fixed noise independent of other numpy streams drawn from --seed
@@ -28,11 +27,10 @@ def noise_file_shape(path: Path) -> tuple:
         raise UserError(f"{path} is not a regular file; remove it to draw the noise again")
     try:
         with open(path, "rb") as file:
-            shape, _, dtype = npy_header(file)
-            held = path.stat().st_size - file.tell()
+            shape, dtype, declared, held = npy_claims(file, path.stat().st_size)
     except (OSError, ValueError) as error:
         raise UserError(f"{path} is unreadable ({error}); delete it to draw it again") from None
-    if dtype != np.float32 or len(shape) != 2 or math.prod(shape) * dtype.itemsize != held:
+    if dtype != np.float32 or len(shape) != 2 or declared != held:
         raise UserError(f"{path} holds {held:,} bytes but its header claims {dtype}{shape}: not the "
                         "float32 rows a run writes; delete it to draw it again")
     return shape

@@ -67,10 +67,9 @@ def main(argv=None) -> int:
         print(f"{folder}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
         measured_images |= "fid" in results
     if args.floor or measured_images:  # every FID is read against the floor at its sample count
-        count = min(args.samples, evaluation.MNIST_TEST_IMAGES)
-        floor = evaluation.real_data_floor(count)
-        print(f"real-data floor, {count} MNIST training images vs as many test images: "
-              + ", ".join(f"{k} {v:.4g}" for k, v in floor.items()))
+        floor = evaluation.real_data_floor(args.samples)
+        print(f"real-data floor, {floor['samples']} MNIST training images vs as many test images: "
+              + ", ".join(f"{k} {v:.4g}" for k, v in floor.items() if k != "samples"))
     return 0
 
 

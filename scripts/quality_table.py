@@ -238,11 +238,13 @@ def main(argv=None) -> int:
     if args.table_only and not rows:
         raise UserError(f"no measured runs of these settings under {args.runs}: --table-only trains "
                         "nothing; leave it out to train them")
-    floor = evaluation.real_data_floor(min(args.samples, evaluation.MNIST_TEST_IMAGES))
+    floor = evaluation.real_data_floor(args.samples)
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})
+    table = markdown(rows, seed_column=args.seeds != [0])
     machines = cpu.measured_on([(row["folder"], row["cpu"]) for row in rows if "folder" in row])
-    table = "\n\n".join([markdown(rows, seed_column=args.seeds != [0]), *(["\n".join(machines)] if machines else [])])
+    if machines:  # the runs' CPUs, apart from the table
+        table += "\n\n" + "\n".join(machines)
     args.runs.mkdir(parents=True, exist_ok=True)
     atomic_write(args.runs / "quality_table.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.runs / "quality_table.json",

@@ -315,9 +315,11 @@ def test_evaluate_floor_compares_at_most_the_test_sets_images(monkeypatch, capsy
     from scripts import evaluate
 
     counts = []
-    monkeypatch.setattr(evaluation, "real_data_floor", lambda count: counts.append(count) or {"fid": 1.0})
+    monkeypatch.setattr(evaluation, "mnist_subset", lambda split, count: counts.append(count) or np.zeros(1))
+    monkeypatch.setattr(evaluation, "image_metrics", lambda samples, reference: {"fid": 1.0})
     assert evaluate.main(["--floor", "--samples", "20000"]) == 0
-    assert counts == [10_000] and "10000 MNIST training images vs as many test images" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert counts == [10_000, 10_000] and "10000 MNIST training images vs as many test images: fid 1\n" in out
 
 
 def test_quality_table_refuses_a_file_for_runs(tmp_path, capsys):
