@@ -381,36 +381,41 @@ def npy_claims(file, size: int) -> tuple[tuple, np.dtype, int, int]:
 DEFLATE_MAX_RATIO = 1032  # deflate cannot shrink data more than this
 
 
-def _check_npz_member(archive: NpzFile, key: str, path: Path) -> None:
-    """An array's header against the bytes its member can hold, before numpy allocates what the
-    header claims (a damaged or hostile one can claim petabytes). The zip index's own sizes
-    can lie too, so they are bounded by the file's size on disk and deflate's largest ratio."""
+def open_npz(path: Path) -> NpzFile:
+    """A .npz archive, opened without pickles (allow_pickle=False keeps it code-free); read its
+    arrays with npz_array. ValueError for a lone .npy array."""
+    archive = np.load(path, allow_pickle=False)
+    if not isinstance(archive, NpzFile):
+        raise ValueError("it is a single .npy array")
+    return archive
+
+
+def npz_array(archive: NpzFile, key: str, path: Path) -> np.ndarray:
+    """`archive[key]`, its header first checked against the bytes its member holds: numpy would
+    allocate what the header claims, and a damaged or hostile one can claim petabytes. The zip
+    index's own sizes can lie too, so they are bounded by the file's size on disk (`path`'s)
+    and deflate's largest ratio. ValueError for a header that claims more than it holds."""
     name = key if key in archive.zip.namelist() else f"{key}.npy"  # numpy's choice of member
     info = archive.zip.getinfo(name)
-    stored = min(info.compress_size, path.stat().st_size)
+    stored = min(info.compress_size, Path(path).stat().st_size)
     ratio = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: DEFLATE_MAX_RATIO}.get(info.compress_type)
     size = info.file_size if ratio is None else min(info.file_size, stored * ratio)
     with archive.zip.open(info) as member:
         shape, dtype, declared, held = npy_claims(member, size)
     if declared > held:
-        raise DataError(f"{path}: {key} claims {dtype}{shape}, {declared:,} bytes, but holds {held:,}; "
-                        "download it again")
+        raise ValueError(f"{key} claims {dtype}{shape}, {declared:,} bytes, but holds {held:,}")
+    return archive[key]
 
 
 def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """Read the named arrays from a .npz archive; allow_pickle=False keeps it code-free."""
+    """Read the named arrays from a dataset's .npz archive, or one DataError line."""
     try:
-        archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, NpzFile):
-            raise DataError(f"{path} is a single .npy array, not a .npz archive with {', '.join(keys)}")
-        with archive:
+        with open_npz(path) as archive:
             missing = [key for key in keys if key not in archive.files]
             if missing:
                 present = ", ".join(archive.files) or "none"
                 raise DataError(f"{path} lacks the arrays {', '.join(missing)} (it has {present})")
-            for key in keys:
-                _check_npz_member(archive, key, path)
-            return {key: archive[key] for key in keys}
+            return {key: npz_array(archive, key, path) for key in keys}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise DataError(f"{path} is not a readable .npz archive ({_reason(exc)}); download it again") from None
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import CheckpointError
+from common.data import npz_array, open_npz
+from common.errors import CheckpointError, described
 from common.runs import atomic_write, check_regular_file
 
 WEIGHTS_FORMAT = 1
@@ -60,8 +61,8 @@ def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
     path = Path(path)
     check_regular_file(path, "weights file")
     try:
-        with np.load(path, allow_pickle=False) as stored:
-            arrays = {key: stored[key] for key in stored.files}
+        with open_npz(path) as stored:
+            arrays = {key: npz_array(stored, key, path) for key in stored.files}
         if int(arrays["format"]) != WEIGHTS_FORMAT:
             raise ValueError(f"format {int(arrays['format'])}")
         meta = json.loads(str(arrays["meta"]))
@@ -79,7 +80,7 @@ def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
         raise CheckpointError(f"no weights file at {path}") from None
     except Exception as error:  # zip, key and JSON errors all mean "not a weights file"
         raise CheckpointError(f"{path} is not a readable weights file of this repository "
-                              f"({type(error).__name__})") from None
+                              f"({described(error)[:200]})") from None
     for network, layers in networks.items():
         for index, (_, values) in enumerate(layers):
             if any(value.dtype.kind not in "fiu" for value in values):  # strings would reach torch.from_numpy

@@ -102,8 +102,9 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
             for name, network in torch_networks.items():
                 network.load_state_dict(modules[name])
         else:
-            with np.load(path, allow_pickle=False) as stored:
-                arrays = {key: stored[key] for key in stored.files if key.startswith("module/")}
+            with datasets.open_npz(path) as stored:
+                arrays = {key: datasets.npz_array(stored, key, path) for key in stored.files
+                          if key.startswith("module/")}
             for name, network in keras_script.build_networks(image_shape_hwc, width).items():
                 keys = sorted(key for key in arrays if key.startswith(f"module/{name}/"))
                 network.set_weights([arrays[key] for key in keys])

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import CheckpointError
+from common.data import npz_array, open_npz
+from common.errors import CheckpointError, described
 from common.runs import atomic_write, check_meta, check_regular_file
 
 SUFFIX = "npz"
@@ -50,10 +51,10 @@ class Checkpoints:
         """Load every piece of the state; returns the meta (step, skipped_total, model)."""
         check_regular_file(path, "checkpoint")
         try:
-            with np.load(path, allow_pickle=False) as stored:
-                arrays = {key: stored[key] for key in stored.files}
+            with open_npz(path) as stored:
+                arrays = {key: npz_array(stored, key, path) for key in stored.files}
         except Exception as error:  # zip/format errors have many types; all mean "unreadable"
-            raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}); "
+            raise CheckpointError(f"checkpoint {path} is unreadable ({described(error)[:200]}); "
                                   "delete it to resume from the one before") from None
         if not is_integer(arrays.get("format")):
             raise CheckpointError(f"{path} is not a checkpoint of this repository")
