@@ -63,11 +63,16 @@ def recorded(info) -> str:
     return summary(info)
 
 
-def measured_on(runs: list[tuple[str, dict | None]]) -> list[str]:
-    """'CPU: ...' lines for (run, its summary.json's "cpu") pairs: one line when the runs share
-    a CPU, else one per CPU naming its runs."""
+def machine(record: dict) -> str:
+    """'CPU: ...' of a run's summary.json (its "cpu"), with '; GPU: name' when it ran on one."""
+    gpu = record.get("gpu")
+    return f"CPU: {recorded(record.get('cpu'))}" + (f"; GPU: {gpu}" if isinstance(gpu, str) else "")
+
+
+def measured_on(runs: list[tuple[str, dict]]) -> list[str]:
+    """machine() lines for (run, its summary.json, or a dict with its "cpu" and "gpu") pairs:
+    one line when the runs share a machine, else one per machine naming its runs."""
     machines: dict[str, list[str]] = {}
-    for run, info in runs:
-        machines.setdefault(recorded(info), []).append(run)
-    return [f"CPU: {machine}" + (f" ({', '.join(names)})" if len(machines) > 1 else "")
-            for machine, names in machines.items()]
+    for run, record in runs:
+        machines.setdefault(machine(record), []).append(run)
+    return [line + (f" ({', '.join(names)})" if len(machines) > 1 else "") for line, names in machines.items()]

@@ -66,6 +66,9 @@ class Session(Protocol):
 
     def peak_memory_mb(self) -> float: ...
 
+    def gpu_name(self) -> str | None:
+        """The name of the GPU the run trains on (the first, with several), None on the CPU."""
+
     def precision_report(self, indices: Any) -> list[LayerRow]:
         """Per layer, the dtype of its weights and of its output in a real training step
         (which leaves the training as it was)."""
@@ -392,6 +395,7 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
         "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
         "replicas": session.replicas.count,
         "cpu": cpu.describe(),  # the timings', and a seed's bit-exact results, hold on this kind of CPU
+        "gpu": session.gpu_name(),  # and on this GPU, on CUDA
         "stopped_early": stopped_early,
     }
 

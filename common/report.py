@@ -144,7 +144,8 @@ def table_rows(sides: list[Side]) -> list[dict]:
         rows.append({
             "run": side.label, "folder": str(side.run.path),
             "framework": side.config["framework"], "precision": side.config["precision"],
-            "device": side.config.get("device"), "cpu": summary.get("cpu"), "steps": summary["step"],
+            "device": side.config.get("device"), "cpu": summary.get("cpu"), "gpu": summary.get("gpu"),
+            "steps": summary["step"],
             "median_step_ms": summary.get("median_step_ms"),
             "samples_per_s": summary.get("samples_per_s"),
             "peak_memory_mb": summary.get("peak_memory_mb"),
@@ -192,7 +193,7 @@ def write_report(sides: list[Side], folder: Path, title: str, command: str) -> d
     if first["median_step_ms"] and second["median_step_ms"]:
         lines.append(f"{second['run']} takes {second['median_step_ms'] / first['median_step_ms']:.2f}x "
                      f"the step time of {first['run']}.")
-    lines += ["", *cpu.measured_on([(row["run"], row["cpu"]) for row in rows]), ""]  # the figures' machine
+    lines += ["", *cpu.measured_on([(row["run"], row) for row in rows]), ""]  # the figures' machine
     if drift:
         lines.append("Mean absolute difference of the two sample grids (pixels in [0, 1]): "
                      + ", ".join(f"step {step} {value:.4f}" for step, value in drift.items()) + ".")

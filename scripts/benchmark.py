@@ -120,13 +120,14 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     return {"model": model, "framework": framework, "precision": config["precision"],
             "tf32": config["tf32"] if config["device"].startswith("cuda") else "-", "compiler": compiler,
             "data": loader, "replicas": replicas,
-            "device": config["device"], "median_step_ms": summary["median_step_ms"],
+            "device": config["device"], "gpu": summary.get("gpu"), "median_step_ms": summary["median_step_ms"],
             "samples_per_s": summary["samples_per_s"], "peak_memory_mb": summary["peak_memory_mb"],
             "skipped_steps": summary["skipped_steps"], "load_average_before": load}
 
 
 def markdown(rows: list[dict], machine: dict) -> str:
-    lines = [f"CPU: {cpu.summary(machine['cpu'])}; flags: {' '.join(machine['flags']) or '-'}", "",
+    gpus = "".join(f"; GPU: {gpu}" for gpu in dict.fromkeys(row["gpu"] for row in rows if row.get("gpu")))
+    lines = [f"CPU: {cpu.summary(machine['cpu'])}{gpus}; flags: {' '.join(machine['flags']) or '-'}", "",
              "| model | framework | precision | TF32 | compiler | data | replicas | device | median ms/step "
              "| samples/s | speedup vs fp32 | scaling | peak MB | skipped |", "|" + "---|" * 14]
     for row in rows:

@@ -137,7 +137,7 @@ def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict
             metrics = summary.get("metrics", {})
             row = {"model": model, "dataset": dataset, "framework": framework, "precision": config["precision"],
                    "seed": seed, "folder": str(folder), "steps": summary["step"], "metrics": metrics,
-                   "cpu": summary.get("cpu")}
+                   "cpu": summary.get("cpu"), "gpu": summary.get("gpu")}
             if amp and fp32_fids.get(seed) and metrics.get("fid") is not None:
                 row["fid_ratio"] = metrics["fid"] / fp32_fids[seed]
             if not amp and metrics.get("fid"):
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})
     table = markdown(rows, seed_column=args.seeds != [0])
-    machines = cpu.measured_on([(row["folder"], row["cpu"]) for row in rows if "folder" in row])
+    machines = cpu.measured_on([(row["folder"], row) for row in rows if "folder" in row])
     if machines:  # the runs' CPUs, apart from the table
         table += "\n\n" + "\n".join(machines)
     args.runs.mkdir(parents=True, exist_ok=True)

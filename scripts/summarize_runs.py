@@ -27,7 +27,7 @@ def number(value, digits: int) -> str:
 
 
 def rows(folders):
-    """Each run's table row, with (its folder, its summary.json's "cpu")."""
+    """Each run's table row, with (its folder, its summary.json)."""
     for folder in folders:
         if not Path(folder).is_dir():
             raise UserError(f"{folder} is not a folder (name folders holding run folders)")
@@ -41,7 +41,7 @@ def rows(folders):
             yield (f"{summary['model']} {summary['framework']}", config["precision"],
                    config["device"], str(summary["step"]), number(summary.get("median_step_ms"), 2),
                    number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),
-                   str(summary.get("skipped_steps", "-")), losses or "-"), (str(run), summary.get("cpu"))
+                   str(summary.get("skipped_steps", "-")), losses or "-"), (str(run), summary)
 
 
 @exit_on_user_error

@@ -62,6 +62,9 @@ class ScriptedSession:
     def peak_memory_mb(self):
         return 1.0
 
+    def gpu_name(self):
+        return None
+
     def open_tensorboard(self, folder, purge_step):
         raise AssertionError("scripted runs are made with tensorboard=False")
 
@@ -342,7 +345,8 @@ class FakeScripts:
         out.mkdir(parents=True, exist_ok=True)
         step_ms = self.step_ms(command, len(self.commands))
         (out / "summary.json").write_text(json.dumps({
-            "median_step_ms": step_ms, "samples_per_s": 1000 / step_ms, "peak_memory_mb": 1.0, "skipped_steps": 0}))
+            "median_step_ms": step_ms, "samples_per_s": 1000 / step_ms, "peak_memory_mb": 1.0, "skipped_steps": 0,
+            "gpu": "NVIDIA H100 80GB HBM3" if self.device.startswith("cuda") else None}))
         precision = {"bfloat16": "amp-bf16", "float16": "amp-fp16"}.get(
             command[command.index("--amp-dtype") + 1] if "--amp-dtype" in command else None, "fp32")
         tf32 = command[command.index("--tf32") + 1] if "--tf32" in command else "auto"
@@ -383,6 +387,7 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys, monkeypat
 def test_benchmark_gpu_rows_name_tf32_and_fp32_is_ieee_float32(tmp_path, monkeypatch):
     """On a GPU, float32 is measured with TensorFloat-32 off (fp32, the baseline) and on
     (fp32-tf32), and the AMP rows with it off: they differ from fp32 by autocast alone."""
+    from common import cpu
     from scripts import benchmark
 
     step_ms = {"fp32": 40.0, "fp32-tf32": 20.0, "amp-fp16": 10.0}
@@ -393,7 +398,9 @@ def test_benchmark_gpu_rows_name_tf32_and_fp32_is_ieee_float32(tmp_path, monkeyp
     rows = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
     assert [(row["precision"], row["tf32"]) for row in rows] == [("fp32", "off"), ("fp32", "on"), ("amp-fp16", "off")]
     assert [row.get("speedup") for row in rows] == [None, pytest.approx(2.0), pytest.approx(4.0)]
-    assert "| dcgan | pytorch | fp32 | on | - |" in (tmp_path / "benchmark.md").read_text()
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "| dcgan | pytorch | fp32 | on | - |" in table
+    assert table.startswith(f"CPU: {cpu.summary()}; GPU: NVIDIA H100 80GB HBM3; flags: -\n")  # the GPU's name, once
 
 
 def test_benchmark_paper_dcgan_preset_runs_dcgan_at_64x64_width_64_and_flags_after_it_win(tmp_path, monkeypatch):

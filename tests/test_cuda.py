@@ -103,6 +103,7 @@ def test_every_pytorch_script_trains_on_cuda_and_writes_its_run_folder(model, pr
     assert any(name.startswith("events.out.tfevents") for name in names)
     # the CUDA allocator's peak of this run (the process's resident set would be gigabytes)
     assert 0 < summary["peak_memory_mb"] <= allocator_peak
+    assert summary["gpu"] == torch.cuda.get_device_name(0) and summary["gpu"]  # whose timings these are
     assert summary["metrics"]["samples"] == 200 and all(math.isfinite(v) for v in summary["metrics"].values())
 
 

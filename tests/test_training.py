@@ -56,6 +56,7 @@ def test_short_run_writes_the_run_folder(framework, amp, tmp_path):
     assert saved["median_step_ms"] > 0 and saved["samples_per_s"] > 0
     assert saved["peak_memory_mb"] > 0 and saved["step"] == 6
     assert saved["cpu"] == cpu.describe()  # model name, cores, avx512_bf16, amx_bf16
+    assert saved["gpu"] is None  # a CPU run (the CUDA tests check a GPU's name)
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])

@@ -122,6 +122,10 @@ class Session:
     def peak_memory_mb(self) -> float:
         return self.runtime.peak_memory_mb()
 
+    def gpu_name(self) -> str | None:
+        device = self.runtime.device
+        return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
     def open_tensorboard(self, folder: Path, purge_step: int) -> Writer:
         return Writer(folder, purge_step)
 

@@ -127,6 +127,12 @@ class Session:
             return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
+    def gpu_name(self) -> str | None:
+        if self.runtime.device_type != "cuda":
+            return None
+        gpu = tf.config.list_physical_devices("GPU")[0]
+        return tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
+
 
 def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) -> dict:
     """Open the run folder (with --init-from's weights, if given) and hand the trainer to the
