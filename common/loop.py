@@ -183,6 +183,8 @@ def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, expo
     def prepare() -> RunFolder:
         run = RunFolder.prepare(cfg, precision, details)
         log(f"run folder: {run.path}")
+        if run.version_change:
+            log(run.version_change)
         if not cfg.resume:
             porting.save_initial_weights(
                 run.path, {name: export_weights(network) for name, network in networks.items()},

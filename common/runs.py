@@ -1,7 +1,7 @@
 """The run folder every script writes, and the batch order both frameworks share.
 
 runs/<model>/<framework>-<precision>/
-    config.json      the flags, the resolved precision and device, library versions
+    config.json      the flags, the resolved precision and device, library versions (and earlier ones)
     history.jsonl    one JSON object per logged step
     fixed_noise.npy  the noise every sample grid is drawn from
     samples/         step_XXXXXX.png
@@ -119,6 +119,7 @@ class RunFolder:
         # False on the data-parallel replicas other than rank 0: they read (checkpoints to
         # resume from), and what they would write, rank 0 writes.
         self.writable = writable
+        self.version_change = None  # under --resume: the libraries' versions, when they changed
         self.samples = self.path / "samples"
         self.checkpoints = self.path / "checkpoints"
         self.history_file = self.path / "history.jsonl"
@@ -129,7 +130,7 @@ class RunFolder:
         run = cls(run_dir_for(cfg, precision))
         config = {**json.loads(cfg.to_json()), "precision": precision, **details}
         if cfg.resume:
-            run._check_resumable(config)
+            config = run._check_resumable(config)
         elif run.path.exists() and not run.path.is_dir():
             raise UsageError(f"--out {run.path} is not a folder; name a folder for the run")
         elif any(run.path.iterdir() if run.path.exists() else ()):
@@ -200,6 +201,22 @@ class RunFolder:
         if self.latest_checkpoint() is None:
             raise CheckpointError(f"nothing to resume in {self.path}: no checkpoint yet; "
                                   "start without --resume")
+        return self._keep_earlier_versions(saved, config)
+
+    def _keep_earlier_versions(self, saved: dict, config: dict) -> dict:
+        """The config to write on resume: a run resumed under other library versions keeps the
+        ones it ran under before in "earlier_versions" (its bit-exact resume holds within one
+        set of versions), and says so."""
+        before, now = saved.get("versions"), config.get("versions")
+        earlier = saved.get("earlier_versions")
+        earlier = earlier if isinstance(earlier, list) else []
+        if isinstance(before, dict) and isinstance(now, dict) and before != now:
+            earlier = [*earlier, before]
+            changes = ", ".join(f"{name} {before.get(name)} -> {version}" for name, version in now.items()
+                                if before.get(name) != version)
+            self.version_change = (f"warning: resumed under other library versions ({changes}): the steps from "
+                                   "here may differ in the last bits from the same run without a pause")
+        return {**config, "earlier_versions": earlier} if earlier else config
 
     # --- checkpoints -------------------------------------------------------------------
     def checkpoint_path(self, step: int, suffix: str) -> Path:

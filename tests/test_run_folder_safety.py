@@ -147,6 +147,28 @@ def test_resume_drops_a_history_line_cut_short_and_refuses_garbage(tmp_path, cap
                 "--iters", "6")
 
 
+def test_a_run_resumed_under_other_library_versions_says_so_and_keeps_the_earlier_ones(tmp_path, capsys):
+    """Its bit-exact resume holds within one set of versions: config.json keeps the versions
+    each part of the run ran under, and the resumed run warns."""
+    run = tmp_path / "v"
+    train(run)
+    config = json.loads((run / "config.json").read_text())
+    current = config["versions"]
+    assert set(current) == {"torch", "numpy"} and "earlier_versions" not in config
+    old = {**current, "torch": "2.0.0"}
+    (run / "config.json").write_text(json.dumps({**config, "versions": old}))
+    capsys.readouterr()
+    train(run, "--resume", "--iters", "4")
+    out = capsys.readouterr().out
+    assert f"warning: resumed under other library versions (torch 2.0.0 -> {torch.__version__})" in out
+    config = json.loads((run / "config.json").read_text())
+    assert config["versions"] == current and config["earlier_versions"] == [old]
+
+    train(run, "--resume", "--iters", "6")  # the same versions again: no warning, the record kept
+    assert "other library versions" not in capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["earlier_versions"] == [old]
+
+
 # --- 5. only regular files are opened ---------------------------------------------------------
 
 def test_a_fifo_as_weights_file_or_checkpoint_is_refused_not_waited_on(tmp_path):
