@@ -32,6 +32,14 @@ def claim_petabytes(path, key):
             archive.writestr(member_name, content)
 
 
+def checkpoint_error_line(read, path) -> str:
+    """The CheckpointError `read(path)` raises, checked to be one line."""
+    with pytest.raises(CheckpointError) as error:
+        read(path)
+    assert "\n" not in str(error.value)
+    return str(error.value)
+
+
 def test_a_weights_file_whose_header_lies_is_one_line(tmp_path):
     from common import porting
 
@@ -40,11 +48,8 @@ def test_a_weights_file_whose_header_lies_is_one_line(tmp_path):
                          {"model": "gan"})
     assert porting.load_weights(path)[0]["generator"][0][0] == "dense"  # the file as written reads
     claim_petabytes(path, "layers/generator/000/0")
-    with pytest.raises(CheckpointError) as error:
-        porting.load_weights(path)
-    message = str(error.value)
+    message = checkpoint_error_line(porting.load_weights, path)
     assert "layers/generator/000/0 claims float32(10000000000000, 3, 2)" in message and "but holds 24" in message
-    assert "\n" not in message
 
 
 def test_feature_net_weights_whose_header_lies_are_one_line(tmp_path):
@@ -53,11 +58,8 @@ def test_feature_net_weights_whose_header_lies_are_one_line(tmp_path):
     path = tmp_path / "feature_net.npz"
     path.write_bytes(feature_net.DEFAULT_WEIGHTS.read_bytes())
     claim_petabytes(path, "fc2.bias")
-    with pytest.raises(CheckpointError) as error:
-        feature_net.load_feature_net(path)
-    message = str(error.value)
+    message = checkpoint_error_line(feature_net.load_feature_net, path)
     assert "fc2.bias claims float32(10000000000000," in message and "scripts/train_feature_net.py" in message
-    assert "\n" not in message
 
 
 def test_a_tensorflow_checkpoint_whose_header_lies_is_one_line(tmp_path, capsys):
