@@ -101,7 +101,7 @@ def load_dataset(
     if name in ("ring8", "grid25"):
         x, y = _sample_mixture(name, split, seed)
     elif name == "folder":
-        x, y = _load_image_folder(_require_dir(data_dir, name), image_size)
+        x, y = _load_image_folder(_require_dir(data_dir, name), image_size, limit)
     elif name == "cifar10":
         x, y = _load_cifar10(_require_dir(data_dir, name), split)
     elif name == "mnist" and data_dir is None:
@@ -620,10 +620,11 @@ def _load_cifar10(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 # Image folders and resizing
 
 
-def _load_image_folder(root: Path, image_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _load_image_folder(root: Path, image_size: int | None, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Images become RGB unless every one is 8-bit grayscale ("L"), which keeps one channel.
     Without image_size all images must share one size; with it each is centre-cropped to a
-    square and resized."""
+    square and resized. Every image's header is read (the channels and the size are the whole
+    folder's), but only the first `limit` images are decoded."""
     files = _list_image_files(root)
     modes_and_sizes = []
     for path, _ in files:
@@ -641,6 +642,7 @@ def _load_image_folder(root: Path, image_size: int | None) -> tuple[np.ndarray, 
                     f"{path.relative_to(root)} is {size[0]}x{size[1]}); pass an image size to resize them all"
                 )
     channels = 1 if grayscale else 3
+    files = files[:limit]
     images = np.empty((len(files), height, width, channels), dtype=np.uint8)
     for index, (path, _) in enumerate(files):
         with _open_image(path) as image:

@@ -586,6 +586,23 @@ def test_unreadable_image_is_named(tmp_path):
         load_dataset("folder", tmp_path)
 
 
+def test_a_folder_limit_decodes_only_the_images_it_keeps(tmp_path):
+    """--data-limit N decodes N images, not the whole folder; the channels (and the size
+    check) are still the whole folder's, so the kept images are those of the full load."""
+    for index in range(3):
+        save_image(tmp_path / f"{index}.png", random_pixels((6, 6), index))  # grayscale
+    save_image(tmp_path / "3.png", random_pixels((6, 6, 3), 3))  # RGB, so all of them are
+    full = load_dataset("folder", tmp_path)
+    assert full.x.shape == (4, 6, 6, 3)
+    png = (tmp_path / "3.png").read_bytes()
+    (tmp_path / "3.png").write_bytes(png[:png.index(b"IDAT") + 8])  # its header intact, its pixels cut
+    with data_error("3.png", "cannot be read as an image"):
+        load_dataset("folder", tmp_path)
+    kept = load_dataset("folder", tmp_path, limit=3)
+    np.testing.assert_array_equal(kept.x, full.x[:3])
+    np.testing.assert_array_equal(kept.y, full.y[:3])
+
+
 def test_missing_or_unset_data_dir(tmp_path):
     with data_error("does-not-exist", "does not exist"):
         load_dataset("folder", tmp_path / "does-not-exist")
