@@ -66,7 +66,7 @@ def recorded(info) -> str:
 def machine(record: dict) -> str:
     """'CPU: ...' of a run's summary.json (its "cpu"), with '; GPU: name' when it ran on one."""
     gpu = record.get("gpu")
-    return f"CPU: {recorded(record.get('cpu'))}" + (f"; GPU: {gpu}" if isinstance(gpu, str) else "")
+    return f"CPU: {recorded(record.get('cpu'))}" + (f"; GPU: {' '.join(gpu.split())}" if isinstance(gpu, str) else "")
 
 
 def measured_on(runs: list[tuple[str, dict]]) -> list[str]:
