@@ -270,9 +270,9 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-2:] == [  # runs from two machines: which ran where
         f"CPU: AMD EPYC, 2 cores, avx512_bf16 yes, amx_bf16 no ({folders['pytorch']})",
         f"CPU: not recorded (a run from before summary.json kept it) ({folders['tensorflow']})"]
-    (folders["pytorch"] / "summary.json").write_text(json.dumps({**summary, "cpu": machine, "gpu": "NVIDIA H100"}))
+    (folders["pytorch"] / "summary.json").write_text(json.dumps({**summary, "cpu": machine, "gpu": "NVIDIA\n H100"}))
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
-    assert capsys.readouterr().out.splitlines()[-2] == (  # a CUDA run: its GPU too
+    assert capsys.readouterr().out.splitlines()[-2] == (  # a CUDA run: its GPU too, on the line
         f"CPU: AMD EPYC, 2 cores, avx512_bf16 yes, amx_bf16 no; GPU: NVIDIA H100 ({folders['pytorch']})")
     for edited in ({}, {**machine, "avx512_bf16": "yes"}, ["AMD EPYC"]):  # never this machine's, nor a traceback
         (folders["pytorch"] / "summary.json").write_text(json.dumps({**summary, "cpu": edited}))
