@@ -168,7 +168,7 @@ def evaluate_run(folder: Path, samples: int, iwae_k: int | None) -> dict:
                *rerun_flags(config, summary["step"]), "--out", str(folder), "--resume",
                "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command, cwd=models.REPO).returncode
+    status = subprocess.run(command).returncode
     if status != 0:
         raise UserError(f"evaluating {folder} failed (exit {status}); its output is above")
     return json.loads((folder / "summary.json").read_text()).get("metrics", {})

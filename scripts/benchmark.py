@@ -109,7 +109,7 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
             f"{f' x{replicas}' if replicas > 1 else ''}")
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
     try:
-        result = subprocess.run(command, cwd=models.REPO, capture_output=True, text=True, env=environment)
+        result = subprocess.run(command, capture_output=True, text=True, env=environment)
     finally:  # a failed or interrupted run too: the next benchmark may replace it
         mark_as_benchmark(folder)
     if result.returncode != 0:

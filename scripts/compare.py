@@ -104,7 +104,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
 def train(plan: Plan, extra: list[str]) -> None:
     command = plan.command(extra)
     print(f"compare: {plan.label}: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command, cwd=models.REPO).returncode
+    status = subprocess.run(command).returncode
     if status == 130:
         sys.exit(130)  # Ctrl-C: the run saved a checkpoint; --reuse continues it
     if status != 0:

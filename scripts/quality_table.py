@@ -109,7 +109,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                *(["--amp"] if amp else []), *(["--iters", str(args.iters)] if args.iters else []),
                *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command, cwd=models.REPO).returncode
+    status = subprocess.run(command).returncode
     if status != 0:
         raise UserError(f"the run in {folder} failed (exit {status}); its output is above")
     return read_json(summary_path, ("step",), AGAIN)

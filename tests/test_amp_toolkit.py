@@ -341,7 +341,7 @@ class FakeScripts:
         if "--out" not in command:  # not a model script: platform.platform() asking uname
             return self.real_run(command, **kwargs)
         self.commands.append(command)
-        out = Path(command[command.index("--out") + 1])
+        out = Path(kwargs.get("cwd") or ".") / command[command.index("--out") + 1]  # where the script would write
         out.mkdir(parents=True, exist_ok=True)
         step_ms = self.step_ms(command, len(self.commands))
         (out / "summary.json").write_text(json.dumps({
@@ -382,6 +382,19 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--iters", "3", "--log-every", "2"])
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
+
+
+def test_benchmark_runs_where_the_user_is(tmp_path, capsys, monkeypatch):
+    """A relative --out means the same folder to benchmark.py and to the scripts it runs (they
+    once ran in the checkout: a run there of the same name was replaced)."""
+    from scripts import benchmark
+
+    FakeScripts(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32",
+                           "--iters", "8", "--log-every", "2", "--out", "bench"]) == 0
+    assert (tmp_path / "bench" / "vanilla_gan" / "pytorch-fp32" / "summary.json").is_file()
+    assert json.loads((tmp_path / "bench" / "benchmark.json").read_text())["rows"][0]["median_step_ms"] == 10.0
 
 
 def test_benchmark_gpu_rows_name_tf32_and_fp32_is_ieee_float32(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """--init-from across the frameworks, the weights file both read, and scripts/compare.py's
 report after tiny two-framework runs."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,8 +110,9 @@ def test_report_matches_steps_and_adds_a_loss_scale_panel_only_when_scaled(tmp_p
         report.load_side(tmp_path / "nowhere")
 
 
-def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys):
-    runs = tmp_path / "runs"
+def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --runs relative to where the user is, for compare and its runs
+    runs = Path("runs")
     flags = ["--model", "vanilla_gan", "--runs", str(runs), *TINY, "--iters", "6"]
     assert compare.main([*flags, "--same-init"]) == 0
 

@@ -88,13 +88,14 @@ def test_mixture_runs_report_modes(tmp_path):
     assert 0 <= metrics["modes_covered"] <= 8 and 0 <= metrics["high_quality"] <= 1
 
 
-def test_evaluate_script_reopens_a_finished_run_and_keeps_its_figures(tmp_path, capsys):
+def test_evaluate_script_reopens_a_finished_run_and_keeps_its_figures(tmp_path, capsys, monkeypatch):
     out = tmp_path / "vae"
     vae_tensorflow.main(["--out", str(out), *TINY, "--amp", "--data-limit", "512"])
     before = json.loads((out / "summary.json").read_text())
     assert "metrics" not in before
 
-    assert evaluate_script.main([str(out), "--samples", "200", "--iwae-k", "8"]) == 0
+    monkeypatch.chdir(tmp_path)  # a path relative to where the user is: the reopened run's too
+    assert evaluate_script.main(["vae", "--samples", "200", "--iwae-k", "8"]) == 0
     after = json.loads((out / "summary.json").read_text())
     metrics = after.pop("metrics")
     assert after == before  # timing and losses of the training run are kept
