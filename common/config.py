@@ -167,7 +167,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                           help="GANs: sample and evaluate with an exponential moving average of "
                                "G's weights, e.g. 0.999 (0: off, G itself)")
     training.add_argument("--seed", type=flags.seed, help="seeds Python, numpy and the framework (0 to 2**32 - 1)")
-    training.add_argument("--init-from", metavar="RUN_DIR|WEIGHTS.npz",
+    training.add_argument("--init-from", type=flags.path_text, metavar="RUN_DIR|WEIGHTS.npz",
                           help="start from the initial weights of another run, of either "
                                "framework (its initial_weights.npz), instead of a fresh init; "
                                "--resume continues from the checkpoint instead")
@@ -190,7 +190,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASET_CHOICES, help="training data")
-    data.add_argument("--data-dir", help="folder with the dataset's files "
+    data.add_argument("--data-dir", type=flags.path_text, help="folder with the dataset's files "
                                          "(mnist without it: the embedded copy)")
     data.add_argument("--data-limit", type=flags.positive_int,
                       help="use only the first N training examples")
@@ -201,7 +201,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                       help="resize images to N x N (image folders, or 28 -> 32 for conv nets)")
 
     output = parser.add_argument_group("run folder and logging")
-    output.add_argument("--out", help="run folder (default runs/<model>/<framework>-<precision>)")
+    output.add_argument("--out", type=flags.path_text, help="run folder (default runs/<model>/<framework>-<precision>)")
     output.add_argument("--resume", action="store_true",
                         help="continue the run in the run folder from its latest checkpoint")
     output.add_argument("--overwrite", action="store_true",

@@ -116,6 +116,18 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def path_text(text: str) -> str:
+    """A path as given; an empty one (an unset shell variable) would mean the default or "."."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a path, got an empty string")
+    return text
+
+
+def path(text: str) -> Path:
+    """type= of a flag naming a path to read (a Path); an empty one is refused."""
+    return Path(path_text(text))
+
+
 def output_problem(path: Path, folder: bool) -> str | None:
     """Why `path` cannot be written (as a folder, or as a file), or None when it can: checked
     when the flags are read, so that a typo ends before training, not after it."""
@@ -134,7 +146,7 @@ def output_problem(path: Path, folder: bool) -> str | None:
 
 def _output(folder: bool):
     def parse(text: str) -> Path:
-        problem = output_problem(Path(text), folder)
+        problem = output_problem(Path(path_text(text)), folder)
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return Path(text)

@@ -37,7 +37,7 @@ import tensorflow as tf
 import torch
 
 from common import data as datasets
-from common import models
+from common import flags, models
 from common.errors import CheckpointError, UsageError, UserError, described, exit_on_user_error
 from common.flags import OneLineErrorParser
 from common.runs import RunFolder, check_regular_file
@@ -248,7 +248,7 @@ def main(argv=None) -> dict:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=GAN_MODELS, help="default: vanilla_gan, or --weights' model")
     parser.add_argument("--width", type=int, help="the networks' width (default: the model's, or --weights' run's)")
-    parser.add_argument("--weights", type=Path, metavar="RUN_DIR",
+    parser.add_argument("--weights", type=flags.path, metavar="RUN_DIR",
                         help="the networks of a finished MNIST run's last checkpoint, either framework "
                              "(default: PyTorch's initialisation)")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
     parser.add_argument("--preset", choices=tuple(PRESETS),
                         help="a named configuration (its models, steps and flags; yours win)")
-    parser.add_argument("--out", type=Path, default=Path("runs/benchmark"))
+    parser.add_argument("--out", type=flags.output_folder, default=Path("runs/benchmark"))
     preset = PRESETS.get(parser.parse_known_args(argv)[0].preset, {})
     parser.set_defaults(**{key: value for key, value in preset.items() if key != "flags"})
     args, args.flags = parser.parse_known_args(argv)

@@ -51,7 +51,7 @@ def check_evaluable(folder: Path) -> None:
 @exit_on_user_error
 def main(argv=None) -> int:
     parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="*", type=Path, help="run folders")
+    parser.add_argument("runs", nargs="*", type=flags.path, help="run folders")
     parser.add_argument("--samples", type=flags.int_in(10, MAX_EVALUATE), default=10_000,
                         help="generated samples per run")
     parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K), help="VAE: importance samples per test image")

@@ -40,6 +40,10 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--init-scale", "nan"], "--init-scale: must be from 2**-64 to 2**64, got nan"),
     (["--min-loss-scale", "1e39"], "--min-loss-scale: must be from 2**-64 to"),
     (["--min-loss-scale", "0"], "--min-loss-scale: must be from 2**-64 to"),
+    # an unset shell variable: "" would mean the default run folder (which --overwrite replaces)
+    (["--out", ""], "--out: must name a path, got an empty string"),
+    (["--init-from", " "], "--init-from: must name a path"),
+    (["--data-dir", ""], "--data-dir: must name a path"),
 ])
 def test_invalid_flag_values_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

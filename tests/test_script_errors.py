@@ -38,6 +38,11 @@ def one_line_exit(capsys, call, code=None) -> str:
     ("bf16_rounding", ["--no-such-flag"]),
     ("summarize_runs", ["--no-such-flag", "runs"]),
     ("train_feature_net", ["--no-such-flag"]),
+    ("evaluate", [""]),  # empty paths: an unset shell variable
+    ("benchmark", ["--out", ""]),
+    ("compare", ["--runs", ""]),
+    ("amp_gradients", ["--weights", ""]),
+    ("quality_table", ["--runs", ""]),
 ])
 def test_a_helper_scripts_bad_flag_is_one_line(script, argv, capsys):
     main = importlib.import_module(f"scripts.{script}").main
