@@ -7,6 +7,7 @@ stop together on a Ctrl-C or a SIGTERM to one of them, and end with one line whe
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,35 @@ def test_sync_bn_outside_torchrun_or_on_cpu_is_one_line(tmp_path):
         assert result.returncode == 2, result.stderr
         assert words in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("environment, words", [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not an integer"),
+    ({"WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not an integer"),
+    ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK 5 and LOCAL_RANK 0 must be from 0 to WORLD_SIZE - 1 (1)"),  # it waited
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1"}, "must be from 0 to WORLD_SIZE - 1"),
+])
+def test_a_hand_set_torchrun_environment_is_checked(monkeypatch, environment, words):
+    from common.errors import UsageError
+    from common.pytorch import runtime
+
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError, match=re.escape(words)):
+        runtime.launched_by_torchrun()
+
+
+def test_torchrun_is_recognised_by_its_world_size(monkeypatch):
+    from common.pytorch import runtime
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not runtime.launched_by_torchrun()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not runtime.launched_by_torchrun()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert runtime.launched_by_torchrun()
 
 
 # --- two replicas against one process -------------------------------------------------------

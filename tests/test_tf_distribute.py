@@ -170,6 +170,17 @@ def test_data_parallel_flags_that_do_not_go_together_are_refused(framework, flag
     (["--distribute", "multi-worker"], "{not json", "not a worker cluster"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}',
      "not a worker cluster"),
+    # a string index trained without ever writing (worker "0" is not worker 0), a string or
+    # numbers for the workers ended in TensorFlow's traceback, and a parameter server hung
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "0"}}',
+     "not a worker cluster"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}',
+     "not a worker cluster"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": [12]}, "task": {"type": "worker", "index": 0}}',
+     "not a worker cluster"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"], "ps": ["a:2"]}, '
+                                       '"task": {"type": "worker", "index": 0}}', "names ps besides the workers"),
+    (["--distribute", "multi-worker"], "[" * 100000, "not a worker cluster"),
 ])
 def test_a_strategy_that_cannot_start_is_refused_before_tensorflow_sees_it(monkeypatch, flags, tf_config, words):
     from common.config import parse_args

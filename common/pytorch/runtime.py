@@ -43,7 +43,24 @@ REPLICA_TIMEOUT = timedelta(minutes=10)
 
 
 def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """WORLD_SIZE > 1, with RANK and LOCAL_RANK in range: torchrun sets all three. Set by hand,
+    a rank past the world would wait for replicas that never come, and a word raise deep inside."""
+    world_size = _environment_int("WORLD_SIZE", 1)
+    if world_size <= 1:
+        return False
+    rank, local_rank = _environment_int("RANK", 0), _environment_int("LOCAL_RANK", 0)
+    if not (0 <= rank < world_size and 0 <= local_rank < world_size):
+        raise UsageError(f"RANK {rank} and LOCAL_RANK {local_rank} must be from 0 to WORLD_SIZE - 1 "
+                         f"({world_size - 1}): launch with torchrun, which sets them")
+    return True
+
+
+def _environment_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    try:
+        return default if text is None else int(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r} is not an integer: launch with torchrun, which sets it") from None
 
 
 @dataclass
@@ -183,7 +200,7 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
     if sync_bn and device_type != "cuda":
         raise UsageError("--sync-bn needs CUDA GPUs (SyncBatchNorm refuses CPU tensors); "
                          "on CPU each replica keeps its own batch-norm statistics")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = _environment_int("LOCAL_RANK", 0)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
     try:

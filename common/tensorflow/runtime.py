@@ -255,10 +255,16 @@ def _read_tf_config() -> dict:
     try:
         cluster = json.loads(text)
         workers, task = cluster["cluster"]["worker"], cluster["task"]
-        if task["type"] != "worker" or not 0 <= int(task["index"]) < len(workers):
+        index = task["index"]
+        if (not isinstance(workers, list) or not all(isinstance(address, str) for address in workers)
+                or task["type"] != "worker" or type(index) is not int or not 0 <= index < len(workers)):
             raise ValueError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise UsageError(f"TF_CONFIG is not a worker cluster: expected {_CLUSTER_FORM}") from None
+    others = sorted(set(cluster["cluster"]) - {"worker"})
+    if others:  # a chief would take worker 0's place, a parameter server wait for a strategy not used
+        raise UsageError(f"TF_CONFIG names {', '.join(others)} besides the workers: --distribute multi-worker "
+                         f"takes workers only, worker 0 writing the run: {_CLUSTER_FORM}")
     return cluster
 
 
