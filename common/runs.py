@@ -21,7 +21,7 @@ import numpy as np
 
 from common import models
 from common.config import RESUME_KEYS, RunConfig, run_dir_for
-from common.errors import CheckpointError, UsageError, UserError
+from common.errors import CheckpointError, UsageError, UserError, first_line
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(pt|npz)$")
 KEEP_CHECKPOINTS = 2
@@ -45,9 +45,46 @@ def atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# The fields of the run folder's JSON files that their readers use, each of the kind a run
+# writes: a hand-edited value of another kind is damage, said when the file is read, rather
+# than a TypeError in whichever table or plot meets it.
+KINDS = {
+    "count": _is_count,
+    "number or null": lambda value: value is None or _is_number(value),
+    "text": lambda value: isinstance(value, str),
+    "text or null": lambda value: value is None or isinstance(value, str),
+    "numbers by name": lambda value: isinstance(value, dict) and all(map(_is_number, value.values())),
+}
+FIELDS = {
+    "summary.json": {"step": "count", "iters": "count", "batch_size": "count", "replicas": "count",
+                     "skipped_steps": "count", "median_step_ms": "number or null",
+                     "samples_per_s": "number or null", "peak_memory_mb": "number or null",
+                     "model": "text", "framework": "text", "stopped": "text", "gpu": "text or null",
+                     "final": "numbers by name", "metrics": "numbers by name"},
+    "config.json": {"model": "text", "framework": "text", "precision": "text", "device": "text", "iters": "count"},
+}
+
+
+def _is_history_row(row) -> bool:
+    """What a run logs: a step, numbers (losses, loss scale, step time) and the steps skipped."""
+    return (isinstance(row, dict) and _is_count(row.get("step"))
+            and all(_is_number(value) or (key == "skipped_at" and isinstance(value, list)
+                                          and all(map(_is_count, value)))
+                    for key, value in row.items()))
+
+
 def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
-    """A run folder's JSON object (config.json, summary.json) holding `keys`; one UserError
-    line naming the file, and `hint` (what to do), when it is missing, unreadable or damaged."""
+    """A run folder's JSON object (config.json, summary.json) holding `keys`, its FIELDS of
+    their kinds; one UserError line naming the file, and `hint` (what to do), when it is
+    missing, unreadable or damaged."""
     path = Path(path)
     if path.exists() and not path.is_file():
         raise UserError(f"{path} is not a regular file{hint}")
@@ -57,13 +94,16 @@ def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
         raise UserError(f"{path.parent} has no {path.name}{hint}") from None
     except OSError as error:
         raise UserError(f"{path} is unreadable ({error.strerror or error}){hint}") from None
-    except ValueError as error:  # not JSON (a run stopped mid-write, an edit), or not text
-        raise UserError(f"{path} is damaged: not valid JSON ({error}){hint}") from None
+    except (ValueError, RecursionError) as error:  # not JSON (a run stopped mid-write, an edit), or not text
+        raise UserError(f"{path} is damaged: not valid JSON ({first_line(error)}){hint}") from None
     if not isinstance(value, dict):
         raise UserError(f"{path} is damaged: a JSON {type(value).__name__}, not an object{hint}")
     missing = [key for key in keys if key not in value]
     if missing:
         raise UserError(f"{path} is damaged: no {', '.join(map(repr, missing))}{hint}")
+    for key, kind in FIELDS.get(path.name, {}).items():
+        if key in value and not KINDS[kind](value[key]):
+            raise UserError(f"{path} is damaged: its {key} is {json.dumps(value[key])[:40]}, not a {kind}{hint}")
     return value
 
 
@@ -159,10 +199,11 @@ class RunFolder:
             return None
         try:
             config = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
-        if (not isinstance(config, dict) or config.get("model") not in models.MODELS
-                or config.get("framework") not in models.FRAMEWORKS or "precision" not in config):
+        if (not isinstance(config, dict) or not isinstance(config.get("model"), str)
+                or not isinstance(config.get("framework"), str) or config["model"] not in models.MODELS
+                or config["framework"] not in models.FRAMEWORKS or "precision" not in config):
             return None
         return config
 
@@ -188,8 +229,8 @@ class RunFolder:
         check_regular_file(saved_path, "run settings")
         try:
             saved = json.loads(saved_path.read_text())
-        except (OSError, ValueError) as error:
-            raise CheckpointError(f"{saved_path} is unreadable ({error})") from None
+        except (OSError, ValueError, RecursionError) as error:
+            raise CheckpointError(f"{saved_path} is unreadable ({first_line(error)})") from None
         if not isinstance(saved, dict):
             raise CheckpointError(f"{saved_path} is not a run's settings (a JSON {type(saved).__name__})")
         differing = [key for key in (*RESUME_KEYS, "precision")
@@ -276,12 +317,11 @@ class RunFolder:
                 continue
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 if number == len(lines):  # the last line, cut short
                     break
                 row = None
-            if not isinstance(row, dict) or isinstance(row.get("step"), bool) \
-                    or not isinstance(row.get("step"), int):
+            if not _is_history_row(row):
                 raise UserError(f"{self.history_file} line {number} is not a history row "
                                 f"({line[:40]!r}); delete that line or the file")
             rows.append(row)
@@ -310,9 +350,6 @@ class RunFolder:
                 raise UserError(f"{self.path} is not a finished run (no {name})")
         config = read_json(self.path / "config.json", ("framework", "precision"), hint)
         summary = read_json(self.path / "summary.json", ("step",), hint)
-        step = summary["step"]
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise UserError(f"{self.path / 'summary.json'} is damaged: step {step!r}{hint}")
         return config, summary
 
     def sample_path(self, step: int, tag: str = "") -> Path:

@@ -20,6 +20,15 @@ def _isolated_cache(tmp_path_factory):
         os.environ["AMPGEN_CACHE"] = previous
 
 
+@pytest.fixture(autouse=True)
+def _float32_keras_policy():
+    """A TensorFlow script run in-process under --amp leaves Keras' global policy mixed: a later
+    test that builds Keras networks itself (parity, averages) would build them in 16 bits."""
+    yield
+    if "keras" in sys.modules:
+        sys.modules["keras"].mixed_precision.set_global_policy("float32")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `cuda` run where PyTorch sees a CUDA GPU and are skipped elsewhere."""
     needs_gpu = [item for item in items if item.get_closest_marker("cuda")]

@@ -64,6 +64,30 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
     assert not (run / "notes.txt").exists() and (run / "config.json").exists()
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON past Python's recursion limit
+
+
+@pytest.mark.parametrize("config", ['{"model": ["vanilla_gan"], "framework": "pytorch", "precision": "fp32"}', DEEP])
+def test_an_edited_config_is_one_line_under_overwrite_and_resume(config, tmp_path, capsys):
+    """Neither a TypeError (an unhashable model) nor a RecursionError: not a run's config, so
+    --overwrite keeps the folder, and --resume says the file is unreadable."""
+    run = tmp_path / "run"
+    train(run)
+    (run / "config.json").write_text(config)
+    refused(capsys, "holds no run", run, "--overwrite", code=2)
+    assert (run / "checkpoints" / "step_000002.pt").exists()
+    if config == DEEP:
+        refused(capsys, "config.json is unreadable (maximum recursion depth", run, "--resume", "--iters", "4")
+
+
+def test_a_history_line_past_the_recursion_limit_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(run, "--log-every", "1")
+    with open(run / "history.jsonl", "a") as history:
+        history.write(DEEP + "\n" + json.dumps({"step": 2, "d_loss": 1.0}) + "\n")
+    refused(capsys, "history.jsonl line 3 is not a history row", run, "--resume", "--iters", "4")
+
+
 def test_overwrite_replaces_a_run_through_a_symlinked_folder(tmp_path):
     train(tmp_path / "real")
     (tmp_path / "link").symlink_to(tmp_path / "real")

@@ -221,9 +221,17 @@ def test_compare_reuses_sound_fake_runs(tmp_path):
     assert compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]) == 0
 
 
+# JSON a run never writes, though valid: each once ended in a traceback in a table or a plot
+EDITED_SUMMARIES = ['{"step": "2"}', '{"step": 2, "final": [1]}', '{"step": 2, "final": {"d_loss": "x"}}',
+                    '{"step": 2, "median_step_ms": "5"}', '{"step": 2, "metrics": {"fid": "x"}}',
+                    '{"step": 2, "metrics": [1]}', "[" * 100_000 + "]" * 100_000]
+
+
 @pytest.mark.parametrize("name, content", [
     ("config.json", "[1]"), ("summary.json", '{"step": 2, "med'), ("summary.json", "{}"),
     ("history.jsonl", '{"step": 1, "d_lo\n{"step": 2, "d_loss": 1.0}\n'), ("samples/step_000002.png", "not a png"),
+    *[("summary.json", edited) for edited in EDITED_SUMMARIES],
+    ("history.jsonl", '{"step": 2, "d_loss": {"a": 1}}\n'), ("config.json", '{"precision": ["fp32"]}'),
 ])
 def test_compare_names_a_damaged_file_in_one_line(name, content, tmp_path, capsys):
     from scripts import compare
@@ -246,6 +254,8 @@ def test_compare_refuses_a_file_for_a_folder(flag, tmp_path, capsys):
 
 @pytest.mark.parametrize("name, content", [
     ("summary.json", '{"step": 2, "med'), ("summary.json", "{}"), ("config.json", None),
+    ("summary.json", '{"model": "vanilla_gan", "framework": "tensorflow", "step": 2, "final": [1]}'),
+    ("summary.json", "[" * 100_000 + "]" * 100_000),
 ])
 def test_summarize_runs_names_a_damaged_file_in_one_line(name, content, tmp_path, capsys):
     from scripts import summarize_runs
@@ -286,13 +296,18 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
             f"CPU: unreadable (summary.json's \"cpu\" is not what a run writes) ({folders['pytorch']})")
 
 
-@pytest.mark.parametrize("name, table_only", [("config.json", False), ("summary.json", True)])
-def test_quality_table_names_a_damaged_file_in_one_line(name, table_only, tmp_path, capsys):
+@pytest.mark.parametrize("name, table_only, content", [
+    ("config.json", False, '{"iters": 2, "precis'), ("summary.json", True, '{"iters": 2, "precis'),
+    ("summary.json", True, '{"step": 2, "metrics": [1]}'),
+    ("summary.json", True, '{"step": 2, "metrics": {"fid": "x"}}'),
+    ("config.json", False, '{"iters": 2, "precision": [1]}'),
+])
+def test_quality_table_names_a_damaged_file_in_one_line(name, table_only, content, tmp_path, capsys):
     from scripts import quality_table
 
     folder = tmp_path / "quality" / "vanilla_gan" / "mnist" / "pytorch-fp32"
     folder.mkdir(parents=True)
-    (folder / name).write_text('{"iters": 2, "precis')
+    (folder / name).write_text(content)
     argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "mnist", "--precisions", "fp32",
             "--samples", "10", "--runs", str(tmp_path / "quality"), *(["--table-only"] if table_only else [])]
     assert str(folder / name) in one_line_exit(capsys, lambda: quality_table.main(argv), code=1)
