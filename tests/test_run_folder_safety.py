@@ -304,6 +304,14 @@ PT_EDITS = {
     "moment misshapen": (first_moment, "optimizers/generator/state/exp_avg is (3, 5)"),
     "scale a string": (lambda s: s["scaler"].__setitem__("scale", "big"), "scaler/scale"),
     "ema updates negative": (lambda s: s["averages"]["generator"].__setitem__("updates", -3), "updates"),
+    # Adam's step -1 divided by zero; NaN weights or moments trained on, exit 0
+    "adam step negative": (lambda s: [slot.__setitem__("step", torch.tensor(-1.0))
+                                      for slot in s["optimizers"]["generator"]["state"].values()],
+                           "optimizers/generator/state/step is -1.0, not a count"),
+    "a moment NaN": (lambda s: s["optimizers"]["generator"]["state"][0]["exp_avg_sq"].fill_(float("nan")),
+                     "holds inf/NaN in optimizers/generator/state/0/exp_avg_sq"),
+    "a weight inf": (lambda s: next(iter(s["modules"]["generator"].values())).fill_(float("inf")),
+                     "holds inf/NaN in modules/generator/"),
 }
 
 
@@ -342,6 +350,10 @@ NPZ_EDITS = {
     "a string weight": (a_string_weight, "holds <U1"),
     "step negative": (lambda a: a.__setitem__("meta/step", np.array(-1)), "has no valid step"),
     "step a float": (lambda a: a.__setitem__("meta/step", np.array(2.0)), "has no valid step"),
+    # Adam's iterations -1 and NaN weights trained on NaN, exit 0
+    "iterations negative": (lambda a: a.__setitem__("optimizer/generator/0000", np.array(-1, np.int64)),
+                            "optimizer/generator/0000 holds a negative count"),
+    "a weight NaN": (lambda a: a["module/generator/0000"].fill(np.nan), "holds inf/NaN in module/generator/0000"),
 }
 
 

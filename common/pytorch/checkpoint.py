@@ -50,6 +50,11 @@ class Checkpoints:
             if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise ValueError("not a checkpoint of this repository")
             meta = check_meta(path, state["meta"])
+            for part in ("modules", "optimizers", "averages"):
+                nonfinite = first_nonfinite(state[part], part)
+                if nonfinite:
+                    raise CheckpointError(f"checkpoint {path} holds inf/NaN in {nonfinite}: training on from "
+                                          "it cannot recover; delete it to resume from the one before")
             for name, module in self.trainer.modules.items():
                 module.load_state_dict(state["modules"][name])
             for name, optimizer in self.trainer.optimizers.items():
@@ -102,7 +107,8 @@ def check_like(saved, live, where: str) -> None:
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
     """Each weight's optimizer state (Adam's moments and step) holds floating-point tensors
-    shaped like the weight, or scalars. A ValueError otherwise."""
+    shaped like the weight, or scalars; the step is a whole number >= 0 (Adam divides by
+    1 - beta**(step + 1)). A ValueError otherwise."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             for key, value in optimizer.state.get(param, {}).items():
@@ -110,3 +116,14 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
                         and value.shape in (param.shape, torch.Size([]))):
                     shown = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
                     raise ValueError(f"{where}/{key} is {shown}, the weight is {tuple(param.shape)}")
+                if key == "step" and not (value >= 0 and value == value.floor()):
+                    raise ValueError(f"{where}/step is {value.item()}, not a count")
+
+
+def first_nonfinite(saved, where: str) -> str | None:
+    """Where `saved` (a state dict, or nested ones) holds an inf/NaN floating-point tensor:
+    a run resumed from such weights or moments trains on NaN. None when nowhere."""
+    if torch.is_tensor(saved):
+        return where if saved.is_floating_point() and not bool(torch.isfinite(saved).all()) else None
+    items = saved.items() if isinstance(saved, dict) else enumerate(saved) if isinstance(saved, (list, tuple)) else ()
+    return next((found for key, value in items if (found := first_nonfinite(value, f"{where}/{key}"))), None)

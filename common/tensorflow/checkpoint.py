@@ -87,6 +87,13 @@ class Checkpoints:
                 if not np.can_cast(arrays[key].dtype, expected, "same_kind"):
                     raise CheckpointError(f"checkpoint {path} does not fit this model: {key} holds "
                                           f"{arrays[key].dtype}, expected {expected}")
+                # weights and moments finite, counts (Adam's iterations, the noise's draws) >= 0:
+                # Adam divides by 1 - beta**(iterations + 1), and NaN never trains away
+                if arrays[key].dtype.kind == "f" and not np.isfinite(arrays[key]).all():
+                    raise CheckpointError(f"checkpoint {path} holds inf/NaN in {key}: training on from it "
+                                          "cannot recover; delete it to resume from the one before")
+                if arrays[key].dtype.kind == "i" and (arrays[key] < 0).any():
+                    raise CheckpointError(f"checkpoint {path} is damaged: {key} holds a negative count")
                 variable.assign(arrays[key])
         if found == OLD_NOISE_FORMAT:
             meta["warning"] = (f"warning: {path} predates the counted noise (format 1): its noise restarts, so "
