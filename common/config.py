@@ -35,6 +35,7 @@ MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 MAX_EVALUATE = 1_000_000  # 100x the 10,000 samples the quality tables measure
 MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
+MAX_GROWTH_INTERVAL = 2**31 - 1  # the loss scalers count clean steps in 32 (PyTorch) and 64 bits (Keras)
 # ... and of the flags a framework turns into float32 scalars, whose overflow raised deep in a step.
 MAX_LR = 1e6              # far past any useful rate (a test drives a run to inf with it); PyTorch's Adam
                           # fails once lr / (1 - beta1) leaves float32's range, near 3e38
@@ -132,7 +133,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     precision.add_argument("--backoff-factor", type=flags.positive_float,
                            help="float16: scale multiplier on an overflow (PyTorch only; Keras "
                                 "always halves)")
-    precision.add_argument("--growth-interval", type=flags.positive_int,
+    precision.add_argument("--growth-interval", type=flags.int_in(1, MAX_GROWTH_INTERVAL),
                            help="float16: clean steps before the scale grows")
     precision.add_argument("--min-loss-scale", type=loss_scale,
                            help="float16: warn once when the scale stays below this for "
