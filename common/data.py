@@ -326,6 +326,13 @@ def _find_idx(folder: Path, name: str) -> Path | None:
     return None
 
 
+def _check_image_sides(images: np.ndarray, path: Path) -> None:
+    """Images of at least one pixel: 0 x 0 ones pass every other check, then fail in a network."""
+    if 0 in images.shape[1:]:
+        raise DataError(f"{path} holds images of {images.shape[1]}x{images.shape[2]} pixels; it is corrupt, "
+                        "download it again")
+
+
 def _read_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or images.dtype != np.uint8:
@@ -333,6 +340,7 @@ def _read_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np
             f"{images_path} holds {images.ndim}-D {images.dtype} data, not uint8 images "
             "(IDX magic 2051: N x rows x cols); is it a labels file? Check the file names"
         )
+    _check_image_sides(images, images_path)
     if labels.ndim != 1 or labels.dtype != np.uint8:
         raise DataError(
             f"{labels_path} holds {labels.ndim}-D {labels.dtype} data, not uint8 labels "
@@ -428,6 +436,7 @@ def _read_keras_npz(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(
             f"{path}: x_{split} is {images.dtype} {images.shape}, expected uint8 (N, rows, cols); download it again"
         )
+    _check_image_sides(images, path)
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise DataError(f"{path}: y_{split} is {labels.dtype} {labels.shape}, expected integer (N,); download it again")
     _check_counts(path, len(images), path, len(labels))

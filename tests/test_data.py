@@ -316,6 +316,19 @@ def _write_npz_whose_index_lies(path: Path) -> None:
     path.write_bytes(bytes(content))
 
 
+@pytest.mark.parametrize("source", ["idx", "npz"])
+def test_images_of_no_pixels_are_refused(tmp_path, source):
+    """0 x 0 images pass the header and size checks, then failed in a network (a traceback)."""
+    images, labels = np.zeros((64, 0, 0), np.uint8), np.zeros(64, np.uint8)
+    if source == "idx":
+        write_bytes(tmp_path / "t10k-images-idx3-ubyte", idx_bytes(images))
+        write_bytes(tmp_path / "t10k-labels-idx1-ubyte", idx_bytes(labels))
+    else:
+        np.savez(tmp_path / "mnist.npz", x_test=images, y_test=labels)
+    with data_error("holds images of 0x0 pixels"):
+        load_dataset("mnist", tmp_path, split="test")
+
+
 @pytest.mark.parametrize(
     "write, fragment",
     [
