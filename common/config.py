@@ -288,6 +288,8 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError("--ema-decay averages a GAN's generator; the VAE has none")
     if cfg.weight_decay and cfg.optimizer != "adamw":
         raise UsageError("--weight-decay needs --optimizer adamw (Adam's L2 penalty is not offered)")
+    if cfg.image_size and cfg.dataset in POINT_DATASETS:
+        raise UsageError(f"--image-size resizes images; --dataset {cfg.dataset} is 2-D points: leave it out")
     if cfg.dataset in ("fashion-mnist", "cifar10", "folder") and not cfg.data_dir:
         raise UsageError(f"--dataset {cfg.dataset} needs --data-dir (no embedded copy)")
     if cfg.out and (problem := flags.output_problem(Path(cfg.out), folder=True)):

@@ -387,15 +387,19 @@ def npy_claims(file, size: int) -> tuple[tuple, np.dtype, int, int]:
 
 
 DEFLATE_MAX_RATIO = 1032  # deflate cannot shrink data more than this
+NPY_MAGIC = b"\x93NUMPY"
 
 
 def open_npz(path: Path) -> NpzFile:
     """A .npz archive, opened without pickles (allow_pickle=False keeps it code-free); read its
     arrays with npz_array. ValueError for a lone .npy array."""
-    archive = np.load(path, allow_pickle=False)
-    if not isinstance(archive, NpzFile):
+    with open(path, "rb") as file:
+        start = file.read(len(NPY_MAGIC))
+    if start == NPY_MAGIC:
         raise ValueError("it is a single .npy array")
-    return archive
+    if not zipfile.is_zipfile(path):  # numpy would take it for a pickle, and suggest allowing those
+        raise ValueError("it is not a zip archive")
+    return np.load(path, allow_pickle=False)
 
 
 def npz_array(archive: NpzFile, key: str, path: Path) -> np.ndarray:

@@ -68,6 +68,7 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
     (["--resume", "--overwrite"], "contradict"),
     (["--weight-decay", "0.01"], "needs --optimizer adamw"),
     (["--dataset", "cifar10"], "needs --data-dir"),
+    (["--dataset", "ring8", "--image-size", "32"], "--image-size resizes images; --dataset ring8 is 2-D points"),
     (["--batch-size", "64", "--data-limit", "10"], "smaller than --batch-size"),
 ])
 def test_inconsistent_flags_raise_usage_errors(argv, message):

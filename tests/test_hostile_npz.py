@@ -85,3 +85,16 @@ def test_a_tensorflow_checkpoint_whose_header_lies_is_one_line(tmp_path, capsys)
     networks = gan_pytorch.build_networks((1, 28, 28), 8)
     with pytest.raises(CheckpointError, match=f"{key} claims float32"):
         amp_gradients.load_checkpoint_weights(checkpoint, "tensorflow", gan_tensorflow, networks, (28, 28, 1), 8)
+
+
+def test_a_file_that_is_not_an_archive_gets_no_advice_to_allow_pickles(tmp_path):
+    """numpy takes a file that is neither .npy nor zip for a pickle and suggests allow_pickle:
+    not advice to pass on about a file that should hold weights."""
+    from common import porting
+
+    path = tmp_path / "config.json"
+    path.write_text('{"model": "vanilla_gan"}')
+    message = checkpoint_error_line(porting.load_weights, path)
+    assert "it is not a zip archive" in message and "pickle" not in message
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    assert "it is a single .npy array" in checkpoint_error_line(porting.load_weights, tmp_path / "one.npy")
