@@ -63,10 +63,14 @@ def recorded(info) -> str:
     return summary(info)
 
 
+def gpu_part(gpu) -> str:
+    """'; GPU: name' for a run's recorded GPU, on one line; '' for none (a CPU run)."""
+    return f"; GPU: {' '.join(gpu.split())}" if isinstance(gpu, str) else ""
+
+
 def machine(record: dict) -> str:
     """'CPU: ...' of a run's summary.json (its "cpu"), with '; GPU: name' when it ran on one."""
-    gpu = record.get("gpu")
-    return f"CPU: {recorded(record.get('cpu'))}" + (f"; GPU: {' '.join(gpu.split())}" if isinstance(gpu, str) else "")
+    return f"CPU: {recorded(record.get('cpu'))}{gpu_part(record.get('gpu'))}"
 
 
 def measured_on(runs: list[tuple[str, dict]]) -> list[str]:

@@ -388,6 +388,7 @@ def npy_claims(file, size: int) -> tuple[tuple, np.dtype, int, int]:
 
 DEFLATE_MAX_RATIO = 1032  # deflate cannot shrink data more than this
 NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first entry, or an empty zip's end record
 
 
 def open_npz(path: Path) -> NpzFile:
@@ -397,8 +398,8 @@ def open_npz(path: Path) -> NpzFile:
         start = file.read(len(NPY_MAGIC))
     if start == NPY_MAGIC:
         raise ValueError("it is a single .npy array")
-    if not zipfile.is_zipfile(path):  # numpy would take it for a pickle, and suggest allowing those
-        raise ValueError("it is not a zip archive")
+    if not start.startswith(ZIP_MAGICS):  # numpy's test; it takes anything else for a pickle, and
+        raise ValueError("it is not a zip archive")  # suggests allowing those
     return np.load(path, allow_pickle=False)
 
 
@@ -417,6 +418,12 @@ def npz_array(archive: NpzFile, key: str, path: Path) -> np.ndarray:
     if declared > held:
         raise ValueError(f"{key} claims {dtype}{shape}, {declared:,} bytes, but holds {held:,}")
     return archive[key]
+
+
+def read_npz_arrays(path: Path, keep=lambda key: True) -> dict[str, np.ndarray]:
+    """Every array of a .npz archive whose name `keep` accepts, each read by npz_array."""
+    with open_npz(path) as archive:
+        return {key: npz_array(archive, key, path) for key in archive.files if keep(key)}
 
 
 def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:

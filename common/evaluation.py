@@ -151,6 +151,8 @@ def rerun_flags(config: dict, step: int) -> list[str]:
         value = config.get(key)
         if value is None or (key == "amp_dtype" and not config.get("amp")):
             continue
+        if key == "image_size" and config.get("dataset") in POINT_DATASETS:
+            continue  # recorded, and ignored, by runs from before it was refused for points
         flags += [f"--{key.replace('_', '-')}", str(value)]
     if config.get("tensorboard") is False:  # its metrics go where its curves went: nowhere
         flags.append("--no-tensorboard")

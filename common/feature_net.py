@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.data import npz_array, open_npz
+from common.data import read_npz_arrays
 from common.errors import CheckpointError
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "assets" / "mnist_feature_net.npz"
@@ -119,8 +119,7 @@ def load_feature_net(path: str | Path = DEFAULT_WEIGHTS) -> FeatureNet:
     corrupt or from a different architecture."""
     path = Path(path)
     try:
-        with open_npz(path) as archive:
-            arrays = {name: npz_array(archive, name, path) for name in archive.files if name in WEIGHT_SHAPES}
+        arrays = read_npz_arrays(path, keep=lambda name: name in WEIGHT_SHAPES)
     except FileNotFoundError:
         raise CheckpointError(f"feature net weights {path} do not exist; create them with {RETRAIN}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:

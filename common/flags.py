@@ -119,7 +119,7 @@ def non_negative_float(text: str) -> float:
 def path_text(text: str) -> str:
     """A path as given; an empty one (an unset shell variable) would mean the default or "."."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("must name a path, got an empty string")
+        raise argparse.ArgumentTypeError("must name a path, got an empty or blank string")
     return text
 
 

@@ -213,6 +213,10 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, 
     if meta.get("model", cfg.model) != cfg.model:
         raise CheckpointError(f"checkpoint {path} is of model {meta['model']}, this run is "
                               f"{cfg.model}; resume with the model's own script")
+    # Evaluating a run whose last steps went NaN is allowed (its samples say so); training on is not.
+    if meta.get("nonfinite") and meta["step"] < cfg.iters:
+        raise CheckpointError(f"checkpoint {path} holds inf/NaN in {meta['nonfinite']}: training on from it "
+                              "cannot recover; delete it to resume from the one before")
     run.truncate_history(meta["step"])
     log(f"resumed from {path} at step {meta['step']}")
     if "warning" in meta:

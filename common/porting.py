@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.data import npz_array, open_npz
+from common.data import read_npz_arrays
 from common.errors import CheckpointError, described
 from common.runs import atomic_write, check_regular_file
 
@@ -61,8 +61,7 @@ def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
     path = Path(path)
     check_regular_file(path, "weights file")
     try:
-        with open_npz(path) as stored:
-            arrays = {key: npz_array(stored, key, path) for key in stored.files}
+        arrays = read_npz_arrays(path)
         if int(arrays["format"]) != WEIGHTS_FORMAT:
             raise ValueError(f"format {int(arrays['format'])}")
         meta = json.loads(str(arrays["meta"]))

@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from common import models
-from common.config import RESUME_KEYS, RunConfig, run_dir_for
+from common.config import POINT_DATASETS, RESUME_KEYS, RunConfig, run_dir_for
 from common.errors import CheckpointError, UsageError, UserError, first_line
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(pt|npz)$")
@@ -57,19 +57,19 @@ def _is_count(value) -> bool:
 # writes: a hand-edited value of another kind is damage, said when the file is read, rather
 # than a TypeError in whichever table or plot meets it.
 KINDS = {
-    "count": _is_count,
-    "number or null": lambda value: value is None or _is_number(value),
+    "a count": _is_count,
+    "a number or null": lambda value: value is None or _is_number(value),
     "text": lambda value: isinstance(value, str),
     "text or null": lambda value: value is None or isinstance(value, str),
-    "numbers by name": lambda value: isinstance(value, dict) and all(map(_is_number, value.values())),
+    "an object of numbers": lambda value: isinstance(value, dict) and all(map(_is_number, value.values())),
 }
 FIELDS = {
-    "summary.json": {"step": "count", "iters": "count", "batch_size": "count", "replicas": "count",
-                     "skipped_steps": "count", "median_step_ms": "number or null",
-                     "samples_per_s": "number or null", "peak_memory_mb": "number or null",
+    "summary.json": {"step": "a count", "iters": "a count", "batch_size": "a count", "replicas": "a count",
+                     "skipped_steps": "a count", "median_step_ms": "a number or null",
+                     "samples_per_s": "a number or null", "peak_memory_mb": "a number or null",
                      "model": "text", "framework": "text", "stopped": "text", "gpu": "text or null",
-                     "final": "numbers by name", "metrics": "numbers by name"},
-    "config.json": {"model": "text", "framework": "text", "precision": "text", "device": "text", "iters": "count"},
+                     "final": "an object of numbers", "metrics": "an object of numbers"},
+    "config.json": {"model": "text", "framework": "text", "precision": "text", "device": "text", "iters": "a count"},
 }
 
 
@@ -103,7 +103,7 @@ def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
         raise UserError(f"{path} is damaged: no {', '.join(map(repr, missing))}{hint}")
     for key, kind in FIELDS.get(path.name, {}).items():
         if key in value and not KINDS[kind](value[key]):
-            raise UserError(f"{path} is damaged: its {key} is {json.dumps(value[key])[:40]}, not a {kind}{hint}")
+            raise UserError(f"{path} is damaged: its {key} is {json.dumps(value[key])[:40]}, not {kind}{hint}")
     return value
 
 
@@ -148,7 +148,9 @@ class Checkpoints(Protocol):
 
     def restore(self, path: Path) -> dict:
         """Load the state; returns the meta it was saved with, checked by `check_meta` (and
-        "warning", a line to print, for an older checkpoint that loads with a caveat). One
+        "warning", a line to print, for an older checkpoint that loads with a caveat, and
+        "nonfinite", where the state first holds inf/NaN, if anywhere: --resume refuses to
+        train on from it, evaluate.py may measure it). One
         CheckpointError line for a file that is unreadable, is not a regular file, or does not
         fit the model (shapes, types and ranges of everything it holds)."""
 
@@ -221,7 +223,8 @@ class RunFolder:
         """The run folder rank 0 has prepared, as the other replicas see it: read-only."""
         return cls(run_dir_for(cfg, precision), writable=False)
 
-    def _check_resumable(self, config: dict) -> None:
+    def _check_resumable(self, config: dict) -> dict:
+        """The config to write, once the saved one is found to be of this run's settings."""
         saved_path = self.path / "config.json"
         if not saved_path.exists():
             raise CheckpointError(f"nothing to resume in {self.path}: no config.json; "
@@ -233,6 +236,8 @@ class RunFolder:
             raise CheckpointError(f"{saved_path} is unreadable ({first_line(error)})") from None
         if not isinstance(saved, dict):
             raise CheckpointError(f"{saved_path} is not a run's settings (a JSON {type(saved).__name__})")
+        if saved.get("dataset") in POINT_DATASETS:  # ignored there; refused since, recorded before
+            saved = {**saved, "image_size": None}
         differing = [key for key in (*RESUME_KEYS, "precision")
                      if saved.get(key) != config.get(key)]
         if differing:

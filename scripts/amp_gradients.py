@@ -102,9 +102,7 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
             for name, network in torch_networks.items():
                 network.load_state_dict(modules[name])
         else:
-            with datasets.open_npz(path) as stored:
-                arrays = {key: datasets.npz_array(stored, key, path) for key in stored.files
-                          if key.startswith("module/")}
+            arrays = datasets.read_npz_arrays(path, keep=lambda key: key.startswith("module/"))
             for name, network in keras_script.build_networks(image_shape_hwc, width).items():
                 keys = sorted(key for key in arrays if key.startswith(f"module/{name}/"))
                 network.set_weights([arrays[key] for key in keys])

@@ -126,7 +126,7 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
 
 
 def markdown(rows: list[dict], machine: dict) -> str:
-    gpus = "".join(f"; GPU: {gpu}" for gpu in dict.fromkeys(row["gpu"] for row in rows if row.get("gpu")))
+    gpus = "".join(map(cpu.gpu_part, dict.fromkeys(row.get("gpu") for row in rows)))
     lines = [f"CPU: {cpu.summary(machine['cpu'])}{gpus}; flags: {' '.join(machine['flags']) or '-'}", "",
              "| model | framework | precision | TF32 | compiler | data | replicas | device | median ms/step "
              "| samples/s | speedup vs fp32 | scaling | peak MB | skipped |", "|" + "---|" * 14]

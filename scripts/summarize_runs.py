@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
-from common import cpu
+from common import cpu, flags
 from common.errors import UserError, exit_on_user_error
 from common.flags import OneLineErrorParser
 from common.runs import read_json
@@ -47,7 +47,7 @@ def rows(folders):
 @exit_on_user_error
 def main(argv=None):
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="+", help="folders holding run folders")
+    parser.add_argument("folders", nargs="+", type=flags.path, help="folders holding run folders")
     found = list(rows(parser.parse_args(argv).folders))
     if not found:
         raise UserError("no summary.json under those folders; train a model first")

@@ -42,7 +42,7 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--min-loss-scale", "0"], "--min-loss-scale: must be from 2**-64 to"),
     (["--growth-interval", str(2**63)], "--growth-interval: must be from 1 to 2,147,483,647"),  # raised mid-run
     # an unset shell variable: "" would mean the default run folder (which --overwrite replaces)
-    (["--out", ""], "--out: must name a path, got an empty string"),
+    (["--out", ""], "--out: must name a path, got an empty or blank string"),
     (["--init-from", " "], "--init-from: must name a path"),
     (["--data-dir", ""], "--data-dir: must name a path"),
 ])

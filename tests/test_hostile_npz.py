@@ -96,5 +96,9 @@ def test_a_file_that_is_not_an_archive_gets_no_advice_to_allow_pickles(tmp_path)
     path.write_text('{"model": "vanilla_gan"}')
     message = checkpoint_error_line(porting.load_weights, path)
     assert "it is not a zip archive" in message and "pickle" not in message
+    np.savez(tmp_path / "prefixed.npz", a=np.zeros(3))  # zipfile reads past bytes in front; numpy does not
+    (tmp_path / "prefixed.npz").write_bytes(b"junk1234" + (tmp_path / "prefixed.npz").read_bytes())
+    message = checkpoint_error_line(porting.load_weights, tmp_path / "prefixed.npz")
+    assert "it is not a zip archive" in message and "pickle" not in message
     np.save(tmp_path / "one.npy", np.zeros(3))
     assert "it is a single .npy array" in checkpoint_error_line(porting.load_weights, tmp_path / "one.npy")

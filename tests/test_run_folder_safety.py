@@ -301,13 +301,13 @@ PT_EDITS = {
     "step huge": (lambda s: s["meta"].__setitem__("step", 10**30), "not the step its name says"),
     "lr a string": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("lr", "abc"),
                     "param_groups/0/lr is 'abc'"),
-    "moment misshapen": (first_moment, "optimizers/generator/state/exp_avg is (3, 5)"),
+    "moment misshapen": (first_moment, "optimizers/generator/state/0/exp_avg is (3, 5)"),
     "scale a string": (lambda s: s["scaler"].__setitem__("scale", "big"), "scaler/scale"),
     "ema updates negative": (lambda s: s["averages"]["generator"].__setitem__("updates", -3), "updates"),
     # Adam's step -1 divided by zero; NaN weights or moments trained on, exit 0
     "adam step negative": (lambda s: [slot.__setitem__("step", torch.tensor(-1.0))
                                       for slot in s["optimizers"]["generator"]["state"].values()],
-                           "optimizers/generator/state/step is -1.0, not a count"),
+                           "optimizers/generator/state/0/step is -1.0, not a count"),
     "a moment NaN": (lambda s: s["optimizers"]["generator"]["state"][0]["exp_avg_sq"].fill_(float("nan")),
                      "holds inf/NaN in optimizers/generator/state/0/exp_avg_sq"),
     "a weight inf": (lambda s: next(iter(s["modules"]["generator"].values())).fill_(float("inf")),
@@ -330,6 +330,39 @@ def test_a_hand_edited_pytorch_checkpoint_is_one_error_line(edit, pytorch_run, t
     change, message = PT_EDITS[edit]
     edit_pt(run / "checkpoints" / "step_000002.pt", change)
     refused(capsys, message, run, "--amp", "--amp-dtype", "float16", "--resume", "--iters", "4")
+
+
+def test_a_finished_run_whose_last_steps_went_nan_can_still_be_evaluated(pytorch_run, tmp_path, capsys):
+    """Reopened with nothing left to train (evaluate.py's --resume), its NaN checkpoint loads;
+    training on from it is what is refused."""
+    run = tmp_path / "run"
+    shutil.copytree(pytorch_run, run)
+    edit_pt(run / "checkpoints" / "step_000002.pt", PT_EDITS["a weight inf"][0])
+    amp = ["--amp", "--amp-dtype", "float16"]
+    assert train(run, *amp, "--resume", "--iters", "2")["step"] == 2
+    refused(capsys, "holds inf/NaN in modules/generator/", run, *amp, "--resume", "--iters", "4")
+
+
+def test_a_checkpoint_from_before_the_average_of_g_resumes(tmp_path):
+    """Checkpoints written before --ema-decay have no "averages": a run without an average
+    resumes from them."""
+    run = tmp_path / "run"
+    train(run, "--ema-decay", "0")
+    edit_pt(run / "checkpoints" / "step_000002.pt", lambda state: state.pop("averages"))
+    assert train(run, "--ema-decay", "0", "--resume", "--iters", "4")["step"] == 4
+
+
+def test_a_mixture_run_that_recorded_an_image_size_still_resumes_and_evaluates(tmp_path):
+    """--image-size was ignored for the 2-D mixtures, and recorded; it is refused now, so the
+    runs that recorded one are reopened without it."""
+    from common import evaluation
+
+    run = tmp_path / "run"
+    train(run, "--dataset", "ring8")
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "image_size": 32}))
+    assert "--image-size" not in evaluation.rerun_flags({**config, "image_size": 32}, 2)
+    assert train(run, "--dataset", "ring8", "--resume", "--iters", "4")["step"] == 4
 
 
 def edit_npz(path, change):

@@ -43,6 +43,7 @@ def one_line_exit(capsys, call, code=None) -> str:
     ("compare", ["--runs", ""]),
     ("amp_gradients", ["--weights", ""]),
     ("quality_table", ["--runs", ""]),
+    ("summarize_runs", [""]),
 ])
 def test_a_helper_scripts_bad_flag_is_one_line(script, argv, capsys):
     main = importlib.import_module(f"scripts.{script}").main

@@ -50,11 +50,8 @@ class Checkpoints:
             if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise ValueError("not a checkpoint of this repository")
             meta = check_meta(path, state["meta"])
-            for part in ("modules", "optimizers", "averages"):
-                nonfinite = first_nonfinite(state[part], part)
-                if nonfinite:
-                    raise CheckpointError(f"checkpoint {path} holds inf/NaN in {nonfinite}: training on from "
-                                          "it cannot recover; delete it to resume from the one before")
+            meta["nonfinite"] = next(filter(None, (first_nonfinite(state.get(part, {}), part)  # no averages
+                                                   for part in ("modules", "optimizers", "averages"))), None)
             for name, module in self.trainer.modules.items():
                 module.load_state_dict(state["modules"][name])
             for name, optimizer in self.trainer.optimizers.items():
@@ -109,15 +106,15 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
     """Each weight's optimizer state (Adam's moments and step) holds floating-point tensors
     shaped like the weight, or scalars; the step is a whole number >= 0 (Adam divides by
     1 - beta**(step + 1)). A ValueError otherwise."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            for key, value in optimizer.state.get(param, {}).items():
-                if not (torch.is_tensor(value) and value.is_floating_point()
-                        and value.shape in (param.shape, torch.Size([]))):
-                    shown = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
-                    raise ValueError(f"{where}/{key} is {shown}, the weight is {tuple(param.shape)}")
-                if key == "step" and not (value >= 0 and value == value.floor()):
-                    raise ValueError(f"{where}/step is {value.item()}, not a count")
+    weights = (param for group in optimizer.param_groups for param in group["params"])
+    for index, param in enumerate(weights):  # the index the state dict gives the weight
+        for key, value in optimizer.state.get(param, {}).items():
+            if not (torch.is_tensor(value) and value.is_floating_point()
+                    and value.shape in (param.shape, torch.Size([]))):
+                shown = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+                raise ValueError(f"{where}/{index}/{key} is {shown}, the weight is {tuple(param.shape)}")
+            if key == "step" and not (value >= 0 and value == value.floor()):
+                raise ValueError(f"{where}/{index}/step is {value.item()}, not a count")
 
 
 def first_nonfinite(saved, where: str) -> str | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.data import npz_array, open_npz
+from common.data import read_npz_arrays
 from common.errors import CheckpointError, described
 from common.runs import atomic_write, check_meta, check_regular_file
 
@@ -51,8 +51,7 @@ class Checkpoints:
         """Load every piece of the state; returns the meta (step, skipped_total, model)."""
         check_regular_file(path, "checkpoint")
         try:
-            with open_npz(path) as stored:
-                arrays = {key: npz_array(stored, key, path) for key in stored.files}
+            arrays = read_npz_arrays(path)
         except Exception as error:  # zip/format errors have many types; all mean "unreadable"
             raise CheckpointError(f"checkpoint {path} is unreadable ({described(error)[:200]}); "
                                   "delete it to resume from the one before") from None
@@ -87,11 +86,10 @@ class Checkpoints:
                 if not np.can_cast(arrays[key].dtype, expected, "same_kind"):
                     raise CheckpointError(f"checkpoint {path} does not fit this model: {key} holds "
                                           f"{arrays[key].dtype}, expected {expected}")
-                # weights and moments finite, counts (Adam's iterations, the noise's draws) >= 0:
-                # Adam divides by 1 - beta**(iterations + 1), and NaN never trains away
-                if arrays[key].dtype.kind == "f" and not np.isfinite(arrays[key]).all():
-                    raise CheckpointError(f"checkpoint {path} holds inf/NaN in {key}: training on from it "
-                                          "cannot recover; delete it to resume from the one before")
+                # counts (Adam's iterations, the noise's draws) >= 0: Adam divides by
+                # 1 - beta**(iterations + 1); inf/NaN the loop refuses to train on (meta)
+                if arrays[key].dtype.kind == "f" and "nonfinite" not in meta and not np.isfinite(arrays[key]).all():
+                    meta["nonfinite"] = key
                 if arrays[key].dtype.kind == "i" and (arrays[key] < 0).any():
                     raise CheckpointError(f"checkpoint {path} is damaged: {key} holds a negative count")
                 variable.assign(arrays[key])

@@ -131,7 +131,7 @@ class Session:
         if self.runtime.device_type != "cuda":
             return None
         gpu = tf.config.list_physical_devices("GPU")[0]
-        return tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
+        return tf.config.experimental.get_device_details(gpu).get("device_name", "a GPU that reports no name")
 
 
 def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) -> dict:
