@@ -50,7 +50,10 @@ def _is_number(value) -> bool:
 
 
 def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A whole number >= 0: numpy integers come from a TensorFlow checkpoint's arrays; bool is
+    an int too, not a count."""
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+            and value >= 0)
 
 
 # The fields of the run folder's JSON files that their readers use, each of the kind a run
@@ -121,8 +124,7 @@ def check_meta(path: Path, meta) -> dict:
     name). One CheckpointError line otherwise."""
     def count(key):
         value = meta.get(key)
-        # numpy integers come from a TensorFlow checkpoint's arrays; bool is an int too, not a count
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        if not _is_count(value):
             raise CheckpointError(f"checkpoint {path} has no valid {key} (found {value!r}); "
                                   "delete it to resume from the one before")
         return int(value)
