@@ -27,7 +27,7 @@ from common import data as datasets
 from common import feature_net, metrics, models
 from common.config import POINT_DATASETS, RESUME_KEYS
 from common.errors import UserError
-from common.runs import RunFolder
+from common.runs import RunFolder, settings_as_today
 
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
 CHUNK = 1000      # examples per framework call
@@ -146,13 +146,12 @@ FLAG_KEYS = [key for key in RESUME_KEYS if key not in ("model", "framework")] + 
 
 def rerun_flags(config: dict, step: int) -> list[str]:
     """The flags that reopen this run exactly as it was trained."""
+    config = settings_as_today(config)
     flags = ["--amp"] if config.get("amp") else []
     for key in FLAG_KEYS:
         value = config.get(key)
         if value is None or (key == "amp_dtype" and not config.get("amp")):
             continue
-        if key == "image_size" and config.get("dataset") in POINT_DATASETS:
-            continue  # recorded, and ignored, by runs from before it was refused for points
         flags += [f"--{key.replace('_', '-')}", str(value)]
     if config.get("tensorboard") is False:  # its metrics go where its curves went: nowhere
         flags.append("--no-tensorboard")

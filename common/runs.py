@@ -157,6 +157,16 @@ class Checkpoints(Protocol):
         fit the model (shapes, types and ranges of everything it holds)."""
 
 
+def settings_as_today(saved: dict) -> dict:
+    """A run's recorded settings in today's flags, for reopening it: runs recorded what has
+    changed since."""
+    if saved.get("dataset") in POINT_DATASETS:  # --image-size: ignored for points, refused since
+        saved = {**saved, "image_size": None}
+    if "ema_decay" not in saved:  # runs from before --ema-decay kept no average
+        saved = {**saved, "ema_decay": 0.0}
+    return saved
+
+
 class RunFolder:
     def __init__(self, path: Path, writable: bool = True):
         self.path = Path(path)
@@ -238,8 +248,7 @@ class RunFolder:
             raise CheckpointError(f"{saved_path} is unreadable ({first_line(error)})") from None
         if not isinstance(saved, dict):
             raise CheckpointError(f"{saved_path} is not a run's settings (a JSON {type(saved).__name__})")
-        if saved.get("dataset") in POINT_DATASETS:  # ignored there; refused since, recorded before
-            saved = {**saved, "image_size": None}
+        saved = settings_as_today(saved)
         differing = [key for key in (*RESUME_KEYS, "precision")
                      if saved.get(key) != config.get(key)]
         if differing:

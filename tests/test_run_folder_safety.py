@@ -302,6 +302,12 @@ PT_EDITS = {
     "lr a string": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("lr", "abc"),
                     "param_groups/0/lr is 'abc'"),
     "moment misshapen": (first_moment, "optimizers/generator/state/0/exp_avg is (3, 5)"),
+    # a network changed since the run was trained: load_state_dict's first line named nothing
+    "a weight missing": (lambda s: s["modules"]["generator"].popitem(), "modules/generator has 7 tensors, the model 8"),
+    "a weight renamed": (lambda s: s["modules"]["generator"].__setitem__(
+        "extra.weight", s["modules"]["generator"].popitem()[1]), "modules/generator has no "),
+    "a weight misshapen": (lambda s: s["modules"]["generator"].__setitem__(
+        next(iter(s["modules"]["generator"])), torch.zeros(2, 2)), "is (2, 2), expected a Tensor like ("),
     "scale a string": (lambda s: s["scaler"].__setitem__("scale", "big"), "scaler/scale"),
     "ema updates negative": (lambda s: s["averages"]["generator"].__setitem__("updates", -3), "updates"),
     # Adam's step -1 divided by zero; NaN weights or moments trained on, exit 0
@@ -343,13 +349,35 @@ def test_a_finished_run_whose_last_steps_went_nan_can_still_be_evaluated(pytorch
     refused(capsys, "holds inf/NaN in modules/generator/", run, *amp, "--resume", "--iters", "4")
 
 
-def test_a_checkpoint_from_before_the_average_of_g_resumes(tmp_path):
-    """Checkpoints written before --ema-decay have no "averages": a run without an average
-    resumes from them."""
+def test_a_run_from_before_the_average_of_g_resumes_and_reopens(tmp_path):
+    """Runs from before --ema-decay have no "averages" in their checkpoints and no ema_decay
+    in config.json: they kept no average, and reopen as --ema-decay 0 (evaluate.py's flags
+    say so; without it the script's 0.999 would be refused as another setting)."""
+    from common import evaluation
+
     run = tmp_path / "run"
     train(run, "--ema-decay", "0")
     edit_pt(run / "checkpoints" / "step_000002.pt", lambda state: state.pop("averages"))
+    config = json.loads((run / "config.json").read_text())
+    del config["ema_decay"]
+    (run / "config.json").write_text(json.dumps(config))
+    flags = evaluation.rerun_flags(config, 2)
+    assert flags[flags.index("--ema-decay") + 1] == "0.0"
     assert train(run, "--ema-decay", "0", "--resume", "--iters", "4")["step"] == 4
+
+
+def test_a_checkpoint_from_before_the_foreach_update_resumes_with_it(tmp_path):
+    """Checkpoints written before the optimizers asked for `foreach` hold None there: they
+    load, and the optimizer goes on with this code's update."""
+    run = tmp_path / "run"
+    train(run)
+    edit_pt(run / "checkpoints" / "step_000002.pt", lambda state: [
+        group.__setitem__("foreach", None)
+        for optimizer in state["optimizers"].values() for group in optimizer["param_groups"]])
+    assert train(run, "--resume", "--iters", "4")["step"] == 4
+    saved = torch.load(run / "checkpoints" / "step_000004.pt", map_location="cpu", weights_only=True)
+    assert {group["foreach"] for optimizer in saved["optimizers"].values()
+            for group in optimizer["param_groups"]} == {True}
 
 
 def test_a_mixture_run_that_recorded_an_image_size_still_resumes_and_evaluates(tmp_path):

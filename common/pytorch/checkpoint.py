@@ -53,11 +53,13 @@ class Checkpoints:
             meta["nonfinite"] = next(filter(None, (first_nonfinite(state.get(part, {}), part)  # no averages
                                                    for part in ("modules", "optimizers", "averages"))), None)
             for name, module in self.trainer.modules.items():
+                check_same_tensors(state["modules"][name], module.state_dict(), f"modules/{name}")
                 module.load_state_dict(state["modules"][name])
             for name, optimizer in self.trainer.optimizers.items():
-                saved = state["optimizers"][name]
-                check_like(saved["param_groups"], optimizer.state_dict()["param_groups"],
-                           f"optimizers/{name}/param_groups")
+                live_groups = optimizer.state_dict()["param_groups"]
+                saved = dict(state["optimizers"][name])
+                saved["param_groups"] = with_live_implementation(saved["param_groups"], live_groups)
+                check_like(saved["param_groups"], live_groups, f"optimizers/{name}/param_groups")
                 optimizer.load_state_dict(saved)
                 check_optimizer_state(optimizer, f"optimizers/{name}/state")
             for name, average in self.trainer.averages.items():
@@ -72,6 +74,21 @@ class Checkpoints:
             return meta
         except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as error:
             raise CheckpointError(f"checkpoint {path} does not fit this model ({described(error)})") from None
+
+
+# How an optimizer computes its update is this code's choice, not the run's state: checkpoints
+# written before make_optimizer asked for `foreach` hold None there (the same bits, common/
+# pytorch/optimizers.py), and load_state_dict would put their choice back.
+IMPLEMENTATION_OPTIONS = ("foreach", "fused", "capturable", "differentiable")
+
+
+def with_live_implementation(saved_groups, live_groups: list) -> list:
+    """The saved param groups with the running optimizer's IMPLEMENTATION_OPTIONS; anything
+    that is not a list of as many dicts is returned as it is, for check_like to name."""
+    if not isinstance(saved_groups, list) or len(saved_groups) != len(live_groups):
+        return saved_groups
+    return [{**group, **{key: live[key] for key in IMPLEMENTATION_OPTIONS if key in live}}
+            if isinstance(group, dict) else group for group, live in zip(saved_groups, live_groups)]
 
 
 # load_state_dict checks the networks' shapes but copies an optimizer's hyperparameters, its
@@ -99,7 +116,26 @@ def check_like(saved, live, where: str) -> None:
     else:
         fits = True
     if not fits:
-        raise ValueError(f"{where} is {str(saved)[:40]!r}, expected a {type(live).__name__} like {str(live)[:40]!r}")
+        raise ValueError(f"{where} is {shown(saved)}, expected a {type(live).__name__} like {shown(live)}")
+
+
+def shown(value) -> str:
+    """A tensor by its shape, anything else by the start of its text."""
+    return str(tuple(value.shape)) if torch.is_tensor(value) else repr(str(value)[:40])
+
+
+def check_same_tensors(saved, live: dict, where: str) -> None:
+    """`saved` holds a network's tensors by the names and shapes `live` has, as the TensorFlow
+    twin checks its groups: load_state_dict's own error lists every key over many lines, of
+    which one line would be shown. A ValueError naming the first difference."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where} is a {type(saved).__name__}, not a network's tensors")
+    if len(saved) != len(live):
+        raise ValueError(f"{where} has {len(saved)} tensors, the model {len(live)}")
+    missing = sorted(live.keys() - saved.keys())
+    if missing:
+        raise ValueError(f"{where} has no {missing[0]!r}")
+    check_like(saved, live, where)
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
