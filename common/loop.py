@@ -372,21 +372,32 @@ class ProfileWindow:
 def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board, step: int,
                   skipped_total: int, finishing: bool, clock: StepClock):
     """Checkpoints every --checkpoint-every (the last two kept), sample grids (also to
-    TensorBoard) every --sample-every steps, and both at the last step. The checkpoint first:
-    a last grid that cannot be written (a full disk) loses no training, and --resume draws it."""
+    TensorBoard) every --sample-every steps, and both at the last step. A grid that cannot be
+    written (a full disk) loses no training: the checkpoint comes first, and a grid between
+    checkpoints that fails is followed by one of its step before the error ends the run;
+    --resume draws the grid."""
     if not run.writable:
         return
     wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
     wants_checkpoint = finishing or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
     if not (wants_samples or wants_checkpoint):
         return
+
+    def save_checkpoint():
+        session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
+                                 {"step": step, "skipped_total": skipped_total, "model": cfg.model})
+        run.prune_checkpoints()
+
     with clock.paused():
         if wants_checkpoint:
-            session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
-                                     {"step": step, "skipped_total": skipped_total, "model": cfg.model})
-            run.prune_checkpoints()
+            save_checkpoint()
         if wants_samples:
-            session.write_samples(run, step)
+            try:
+                session.write_samples(run, step)
+            except OSError:
+                if not wants_checkpoint:
+                    save_checkpoint()
+                raise
             board.samples(step)
 
 
@@ -451,8 +462,9 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     if start_step == 0 and cfg.sample_every and run.writable:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
         board.samples(0)
-    elif start_step == cfg.iters and run.writable and not run.sample_path(start_step).exists():
-        session.write_samples(run, start_step)  # the last grid, which failed after the last checkpoint
+    elif (run.writable and (start_step == cfg.iters or (cfg.sample_every and start_step % cfg.sample_every == 0))
+          and not run.sample_path(start_step).exists()):
+        session.write_samples(run, start_step)  # a grid that failed after its step's checkpoint
         board.samples(start_step)
     session.start(order, start_step, cfg.iters)
     session.synchronize()

@@ -257,6 +257,33 @@ def test_a_damaged_fixed_noise_file_or_a_failed_last_grid_costs_no_training(fram
     assert train(run, "--resume", "--iters", "4", framework=framework)["step"] == 4
 
 
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_grid_that_fails_between_checkpoints_costs_no_training(framework, tmp_path, capsys, monkeypatch):
+    """A grid written between two checkpoints that fails (a full disk) is followed by a
+    checkpoint of its step before the one-line error: before, the steps since the last
+    checkpoint were lost. --resume draws the grid and ends where an unbroken run ends."""
+    every_step = ["--iters", "4", "--sample-every", "1", "--checkpoint-every", "4", "--log-every", "1"]
+    save_grid = sampling.save_image_grid
+
+    def disk_full_at_step_3(images, path, *args, **kwargs):
+        if path.name == "step_000003.png":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        save_grid(images, path, *args, **kwargs)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(sampling, "save_image_grid", disk_full_at_step_3)
+    refused(capsys, "No space left on device", run, *every_step, framework=framework)
+    assert [path.name for path in (run / "checkpoints").iterdir()] == [f"step_000003.{SUFFIX[framework]}"]
+    assert not (run / "samples" / "step_000003.png").exists()
+
+    monkeypatch.setattr(sampling, "save_image_grid", save_grid)
+    resumed = train(run, *every_step, "--resume", framework=framework)
+    unbroken = train(tmp_path / "unbroken", *every_step, framework=framework)
+    assert (run / "samples" / "step_000003.png").read_bytes() == \
+        (tmp_path / "unbroken" / "samples" / "step_000003.png").read_bytes()
+    assert resumed["step"] == 4 and resumed["final"] == unbroken["final"]
+
 # --- 6. another model's weights ---------------------------------------------------------------
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
