@@ -370,12 +370,12 @@ class ProfileWindow:
 
 
 def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board, step: int,
-                  skipped_total: int, finishing: bool, clock: StepClock):
+                  log_interval: IntervalLog, finishing: bool, clock: StepClock):
     """Checkpoints every --checkpoint-every (the last two kept), sample grids (also to
     TensorBoard) every --sample-every steps, and both at the last step. A grid that cannot be
-    written (a full disk) loses no training: the checkpoint comes first, and a grid between
-    checkpoints that fails is followed by one of its step before the error ends the run;
-    --resume draws the grid."""
+    written costs no training while a checkpoint still can be: the checkpoint comes first, and
+    a grid between two checkpoints that fails is followed by one of its step before its error
+    ends the run; --resume draws the grid. (On a full disk that checkpoint usually fails too.)"""
     if not run.writable:
         return
     wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
@@ -385,7 +385,7 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
 
     def save_checkpoint():
         session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
-                                 {"step": step, "skipped_total": skipped_total, "model": cfg.model})
+                                 {"step": step, "skipped_total": log_interval.skipped_total, "model": cfg.model})
         run.prune_checkpoints()
 
     with clock.paused():
@@ -394,9 +394,14 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
         if wants_samples:
             try:
                 session.write_samples(run, step)
-            except OSError:
+            except OSError as grid_error:
                 if not wants_checkpoint:
-                    save_checkpoint()
+                    try:
+                        if log_interval.steps:  # the skipped steps since the last row, counted
+                            log_interval.close(step, finishing=True)
+                        save_checkpoint()
+                    except OSError:
+                        raise grid_error from None  # the grid's error names the cause, not a temp file
                 raise
             board.samples(step)
 
@@ -486,7 +491,7 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
                 if log_interval.diverged:
                     diverged = True
                     break
-            write_outputs(cfg, run, session, board, step, log_interval.skipped_total, finishing, clock)
+            write_outputs(cfg, run, session, board, step, log_interval, finishing, clock)
             # `finishing`, not stop.requested: a signal that arrives after it was read (during
             # the outputs above) stops the loop one step later, with that step checkpointed.
             if finishing and step < cfg.iters:

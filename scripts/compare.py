@@ -34,7 +34,7 @@ from common import models, report
 from common.config import RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.flags import OneLineErrorParser, output_folder
-from common.runs import read_json
+from common.runs import read_json, settings_as_today
 
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype")
@@ -84,7 +84,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         raise UsageError(f"{folder} already holds a run: --reuse to use it (if its settings match) "
                          "or --overwrite to train it again")
     again = "; --overwrite to train it again"
-    saved = read_json(folder / "config.json", hint=again)
+    saved = settings_as_today(read_json(folder / "config.json", hint=again))  # older runs, in today's flags
     expected = plan.expected()
     differing = [k for k in MATCHING if saved.get(k) != expected.get(k)]
     if differing:

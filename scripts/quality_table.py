@@ -35,7 +35,7 @@ from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, POINT_DATASETS, RESUME_KEYS, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
-from common.runs import RunFolder, atomic_write, read_json
+from common.runs import RunFolder, atomic_write, read_json, settings_as_today
 
 DATASETS = ("mnist", *POINT_DATASETS)
 AGAIN = "; --overwrite to train it again"
@@ -59,6 +59,7 @@ def training_settings(model: str, dataset: str, framework: str, amp: bool, args,
 
 
 def settings_differences(config: dict, wanted: dict) -> list[str]:
+    config = settings_as_today(config)  # what older runs recorded, in today's flags
     return [f"{name} {config.get(name)}, not {value}" for name, value in wanted.items() if config.get(name) != value]
 
 

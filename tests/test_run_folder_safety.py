@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from common import porting, sampling
+from common.pytorch import checkpoint as pytorch_checkpoint
+from common.tensorflow import checkpoint as tensorflow_checkpoint
 from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from tests.conftest import run_script
@@ -21,6 +23,7 @@ TINY = ["--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64
 SCRIPTS = {("vanilla_gan", "pytorch"): gan_pytorch, ("vanilla_gan", "tensorflow"): gan_tensorflow,
            ("lsgan", "pytorch"): lsgan_pytorch, ("lsgan", "tensorflow"): lsgan_tensorflow}
 SUFFIX = {"pytorch": "pt", "tensorflow": "npz"}
+CHECKPOINTS = {"pytorch": pytorch_checkpoint.Checkpoints, "tensorflow": tensorflow_checkpoint.Checkpoints}
 
 
 def train(out, *extra, model="vanilla_gan", framework="pytorch"):
@@ -257,32 +260,41 @@ def test_a_damaged_fixed_noise_file_or_a_failed_last_grid_costs_no_training(fram
     assert train(run, "--resume", "--iters", "4", framework=framework)["step"] == 4
 
 
-
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_a_grid_that_fails_between_checkpoints_costs_no_training(framework, tmp_path, capsys, monkeypatch):
-    """A grid written between two checkpoints that fails (a full disk) is followed by a
-    checkpoint of its step before the one-line error: before, the steps since the last
-    checkpoint were lost. --resume draws the grid and ends where an unbroken run ends."""
-    every_step = ["--iters", "4", "--sample-every", "1", "--checkpoint-every", "4", "--log-every", "1"]
+    """A grid written between two checkpoints that fails (permission refused, say) is followed
+    by a checkpoint of its step, and a history row of the steps logged since the last one,
+    before the one-line error: before, the steps since the last checkpoint were lost. --resume
+    draws the grid and ends where an unbroken run ends. When that checkpoint cannot be written
+    either (a full disk), the error is still the grid's."""
+    every_step = ["--iters", "4", "--sample-every", "1", "--checkpoint-every", "4"]
     save_grid = sampling.save_image_grid
 
-    def disk_full_at_step_3(images, path, *args, **kwargs):
+    def refused_at_step_3(images, path, *args, **kwargs):
         if path.name == "step_000003.png":
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(errno.EACCES, "Permission denied", str(path))
         save_grid(images, path, *args, **kwargs)
 
     run = tmp_path / "run"
-    monkeypatch.setattr(sampling, "save_image_grid", disk_full_at_step_3)
-    refused(capsys, "No space left on device", run, *every_step, framework=framework)
+    monkeypatch.setattr(sampling, "save_image_grid", refused_at_step_3)
+    refused(capsys, "step_000003.png: Permission denied", run, *every_step, "--log-every", "2", framework=framework)
     assert [path.name for path in (run / "checkpoints").iterdir()] == [f"step_000003.{SUFFIX[framework]}"]
+    assert [json.loads(line)["step"] for line in (run / "history.jsonl").read_text().splitlines()] == [2, 3]
     assert not (run / "samples" / "step_000003.png").exists()
 
     monkeypatch.setattr(sampling, "save_image_grid", save_grid)
-    resumed = train(run, *every_step, "--resume", framework=framework)
-    unbroken = train(tmp_path / "unbroken", *every_step, framework=framework)
+    resumed = train(run, *every_step, "--log-every", "1", "--resume", framework=framework)
+    unbroken = train(tmp_path / "unbroken", *every_step, "--log-every", "1", framework=framework)
     assert (run / "samples" / "step_000003.png").read_bytes() == \
         (tmp_path / "unbroken" / "samples" / "step_000003.png").read_bytes()
     assert resumed["step"] == 4 and resumed["final"] == unbroken["final"]
+
+    def disk_full(checkpoints, path, meta):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path) + ".tmp-1")
+
+    monkeypatch.setattr(sampling, "save_image_grid", refused_at_step_3)
+    monkeypatch.setattr(CHECKPOINTS[framework], "save", disk_full)
+    refused(capsys, "step_000003.png: Permission denied", tmp_path / "full", *every_step, framework=framework)
 
 # --- 6. another model's weights ---------------------------------------------------------------
 
@@ -379,17 +391,24 @@ def test_a_finished_run_whose_last_steps_went_nan_can_still_be_evaluated(pytorch
 def test_a_run_from_before_the_average_of_g_resumes_and_reopens(tmp_path):
     """Runs from before --ema-decay have no "averages" in their checkpoints and no ema_decay
     in config.json: they kept no average, and reopen as --ema-decay 0 (evaluate.py's flags
-    say so; without it the script's 0.999 would be refused as another setting)."""
+    say so; without it the script's 0.999 would be refused as another setting), and
+    compare.py --reuse and quality_table.py take them for runs of --ema-decay 0."""
+    from types import SimpleNamespace
+
     from common import evaluation
+    from scripts import compare, quality_table
 
     run = tmp_path / "run"
     train(run, "--ema-decay", "0")
     edit_pt(run / "checkpoints" / "step_000002.pt", lambda state: state.pop("averages"))
-    config = json.loads((run / "config.json").read_text())
-    del config["ema_decay"]
+    today = json.loads((run / "config.json").read_text())
+    config = {key: value for key, value in today.items() if key != "ema_decay"}
     (run / "config.json").write_text(json.dumps(config))
     flags = evaluation.rerun_flags(config, 2)
     assert flags[flags.index("--ema-decay") + 1] == "0.0"
+    assert quality_table.settings_differences(config, {"ema_decay": 0.0, "seed": today["seed"]}) == []
+    plan = SimpleNamespace(folder=run, config=SimpleNamespace(iters=2), expected=lambda: today)
+    assert compare.decide(plan, reuse=True, overwrite=False) is None  # finished, and reused
     assert train(run, "--ema-decay", "0", "--resume", "--iters", "4")["step"] == 4
 
 

@@ -114,6 +114,29 @@ def test_resume_is_bit_exact(framework, amp, tmp_path):
     assert timeless(tmp_path / "straight") == timeless(tmp_path / "resumed")
 
 
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_reconstruction_grid_that_fails_is_drawn_by_resume(framework, tmp_path, monkeypatch):
+    """The reconstruction grid is written before the samples' grid, whose file --resume takes
+    as the sign that the step's grids were written: when the reconstructions fail (a full
+    disk), --resume draws both."""
+    save_recon = sampling.save_reconstruction_grid
+
+    def disk_full_at_step_2(originals, reconstructions, path, *args, **kwargs):
+        if path.name == "step_000002_recon.png":
+            raise OSError(28, "No space left on device", str(path))
+        save_recon(originals, reconstructions, path, *args, **kwargs)
+
+    out, flags = tmp_path / "run", ["--iters", "4", "--sample-every", "2", "--checkpoint-every", "4"]
+    monkeypatch.setattr(sampling, "save_reconstruction_grid", disk_full_at_step_2)
+    with pytest.raises(SystemExit):
+        train(framework, out, *flags)
+    assert not (out / "samples" / "step_000002.png").exists()
+    monkeypatch.setattr(sampling, "save_reconstruction_grid", save_recon)
+    train(framework, out, *flags, "--resume")
+    assert {path.name for path in (out / "samples").iterdir()} == {
+        f"step_00000{step}{kind}.png" for step in (0, 2, 4) for kind in ("", "_recon")}
+
 # --- the loss and float32 where it matters --------------------------------------------------
 
 # Two examples of three "pixels", latent 2.

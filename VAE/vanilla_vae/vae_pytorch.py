@@ -168,12 +168,13 @@ class VAE:
         samples = torch.sigmoid(self.decoder(self._fixed_noise).float())
         mean, _ = self.encoder(self._test_images)
         reconstructions = torch.sigmoid(self.decoder(mean).float())
-        sampling.save_image_grid(to_numpy_images(samples), run.sample_path(step),
-                                 value_range=hparams.PIXEL_RANGE)
         sampling.save_reconstruction_grid(to_numpy_images(self._test_images),
                                           to_numpy_images(reconstructions),
                                           run.sample_path(step, "_recon"),
                                           value_range=hparams.PIXEL_RANGE)
+        # the samples' grid last: its file tells --resume that the step's grids were written
+        sampling.save_image_grid(to_numpy_images(samples), run.sample_path(step),
+                                 value_range=hparams.PIXEL_RANGE)
 
 
 @exit_on_user_error

@@ -143,11 +143,12 @@ class VAE:
         samples = tf.sigmoid(tf.cast(self.decoder(self._fixed_noise, training=False), tf.float32))
         mean, _ = self.encoder(self._test_images, training=False)
         reconstructions = tf.sigmoid(tf.cast(self.decoder(mean, training=False), tf.float32))
-        sampling.save_image_grid(samples.numpy(), run.sample_path(step),
-                                 value_range=hparams.PIXEL_RANGE)
         sampling.save_reconstruction_grid(self._test_images.numpy(), reconstructions.numpy(),
                                           run.sample_path(step, "_recon"),
                                           value_range=hparams.PIXEL_RANGE)
+        # the samples' grid last: its file tells --resume that the step's grids were written
+        sampling.save_image_grid(samples.numpy(), run.sample_path(step),
+                                 value_range=hparams.PIXEL_RANGE)
 
 
 @exit_on_user_error
