@@ -296,6 +296,7 @@ def test_a_grid_that_fails_between_checkpoints_costs_no_training(framework, tmp_
     monkeypatch.setattr(CHECKPOINTS[framework], "save", disk_full)
     refused(capsys, "step_000003.png: Permission denied", tmp_path / "full", *every_step, framework=framework)
 
+
 # --- 6. another model's weights ---------------------------------------------------------------
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])

@@ -114,7 +114,6 @@ def test_resume_is_bit_exact(framework, amp, tmp_path):
     assert timeless(tmp_path / "straight") == timeless(tmp_path / "resumed")
 
 
-
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_a_reconstruction_grid_that_fails_is_drawn_by_resume(framework, tmp_path, monkeypatch):
     """The reconstruction grid is written before the samples' grid, whose file --resume takes
@@ -136,6 +135,7 @@ def test_a_reconstruction_grid_that_fails_is_drawn_by_resume(framework, tmp_path
     train(framework, out, *flags, "--resume")
     assert {path.name for path in (out / "samples").iterdir()} == {
         f"step_00000{step}{kind}.png" for step in (0, 2, 4) for kind in ("", "_recon")}
+
 
 # --- the loss and float32 where it matters --------------------------------------------------
 
