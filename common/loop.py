@@ -326,6 +326,14 @@ class IntervalLog:
         self.steps = []
         self.clock.restart()
 
+    def skipped_so_far(self) -> int:
+        """The skipped steps up to now, the open interval's too: a checkpoint between two log
+        steps records them, or a resume from it would lose their count."""
+        open_flags = {str(i): row["skipped"] for i, row in enumerate(self.steps) if "skipped" in row}
+        if not open_flags:
+            return self.skipped_total
+        return self.skipped_total + int(round(sum(self.session.fetch(open_flags).values())))
+
     def read_steps(self) -> list[dict]:
         """Every step's device scalars of the interval, read in one host<->device sync."""
         flat = self.session.fetch({f"{i}/{key}": value for i, row in enumerate(self.steps)
@@ -385,7 +393,7 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
 
     def save_checkpoint():
         session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
-                                 {"step": step, "skipped_total": log_interval.skipped_total, "model": cfg.model})
+                                 {"step": step, "skipped_total": log_interval.skipped_so_far(), "model": cfg.model})
         run.prune_checkpoints()
 
     with clock.paused():
@@ -397,7 +405,7 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
             except OSError as grid_error:
                 if not wants_checkpoint:
                     try:
-                        if log_interval.steps:  # the skipped steps since the last row, counted
+                        if log_interval.steps:  # the steps since the last row, in the history
                             log_interval.close(step, finishing=True)
                         save_checkpoint()
                     except OSError:

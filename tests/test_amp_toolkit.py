@@ -26,8 +26,8 @@ class ScriptedSession:
 
     def __init__(self, values, scale=1.0):
         self.values, self.scale, self.step = values, scale, 0
-        self.saved = []
-        self.checkpoints = self  # saves nothing but the names
+        self.saved, self.saved_meta = [], []
+        self.checkpoints = self  # saves nothing but the names and metadata
         self.suffix = "npz"
 
     def start(self, order, start_step, stop_step):
@@ -58,6 +58,7 @@ class ScriptedSession:
     def save(self, path, meta):
         path.write_bytes(b"state")
         self.saved.append(path.name)
+        self.saved_meta.append(meta)
 
     def peak_memory_mb(self):
         return 1.0
@@ -70,8 +71,9 @@ class ScriptedSession:
 
 
 def run_loop(tmp_path, values, scale=1.0, **settings):
-    cfg = RunConfig(model="fake", framework="none", batch_size=4, log_every=10,
-                    sample_every=0, checkpoint_every=0, tensorboard=False, **settings)  # no writer here
+    settings = {"log_every": 10, "sample_every": 0, "checkpoint_every": 0, **settings}
+    cfg = RunConfig(model="fake", framework="none", batch_size=4, tensorboard=False,  # no writer here
+                    **settings)
     run = RunFolder(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)
     messages = []
@@ -90,6 +92,17 @@ def test_every_skipped_step_is_recorded(tmp_path):
     assert [row.get("skipped_at") for row in history] == [[3, 7], [18]]
     assert [row["skipped"] for row in history] == [2, 1]
     assert summary["skipped_steps"] == 3 and "skipped_at" not in summary["final"]
+
+
+def test_a_checkpoint_between_log_steps_counts_the_skips_since_the_last_row(tmp_path):
+    skipped = {3, 12, 14, 17}
+    summary, history, _, session = run_loop(
+        tmp_path, lambda step: {"loss": 1.0, "skipped": float(step in skipped)}, scale=1024.0,
+        iters=20, checkpoint_every=15)
+    assert session.saved == ["step_000015.npz", "step_000020.npz"]
+    # at step 15 the last row (step 10) has counted one; steps 12 and 14 are still open
+    assert [meta["skipped_total"] for meta in session.saved_meta] == [3, 4]
+    assert [row["skipped_total"] for row in history] == [1, 4] and summary["skipped_steps"] == 4
 
 
 def test_a_low_loss_scale_is_warned_about_once(tmp_path):
