@@ -191,8 +191,8 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASET_CHOICES, help="training data")
-    data.add_argument("--data-dir", type=flags.path_text, help="folder with the dataset's files "
-                                         "(mnist without it: the embedded copy)")
+    data.add_argument("--data-dir", type=flags.absolute_path_text,
+                      help="folder with the dataset's files (mnist without it: the embedded copy)")
     data.add_argument("--data-limit", type=flags.positive_int,
                       help="use only the first N training examples")
     data.add_argument("--workers", type=flags.non_negative_int,

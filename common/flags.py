@@ -123,6 +123,12 @@ def path_text(text: str) -> str:
     return text
 
 
+def absolute_path_text(text: str) -> str:
+    """A path made absolute against the working folder it was typed in: what a run records,
+    so that --resume or scripts/evaluate.py from another folder reads the same files."""
+    return os.path.abspath(path_text(text))
+
+
 def path(text: str) -> Path:
     """type= of a flag naming a path to read (a Path); an empty one is refused."""
     return Path(path_text(text))

@@ -499,3 +499,30 @@ def test_a_hand_edited_weights_file_is_one_error_line(edit, pytorch_run, tmp_pat
     change, message = WEIGHTS_EDITS[edit]
     edit_npz(weights, change)
     refused(capsys, message, tmp_path / "new", "--init-from", str(weights))
+
+
+def test_a_relative_data_dir_is_recorded_absolute_and_reopens_from_another_folder(tmp_path, monkeypatch, capsys):
+    """--data-dir is recorded as an absolute path: --resume and scripts/evaluate.py from
+    another working folder read the same files, and the same text naming other files there is
+    refused. Older runs, which recorded it as typed, read it against the working folder."""
+    from common import evaluation
+    from tests.test_data import write_mnist_dir
+
+    (tmp_path / "a" / "data").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    write_mnist_dir(tmp_path / "a" / "data", count=16)
+    write_mnist_dir(tmp_path / "data", count=16, seed=1)  # "data", typed in tmp_path
+    run, fashion = tmp_path / "run", ["--dataset", "fashion-mnist"]
+    monkeypatch.chdir(tmp_path / "a")
+    train(run, *fashion, "--data-dir", "data")
+    config = json.loads((run / "config.json").read_text())
+    assert config["data_dir"] == str(tmp_path / "a" / "data")
+
+    monkeypatch.chdir(tmp_path)
+    refused(capsys, "data_dir", run, *fashion, "--data-dir", "data", "--resume", "--iters", "4")
+    assert train(run, *fashion, "--data-dir", "a/data", "--resume", "--iters", "4")["step"] == 4
+    flags = evaluation.rerun_flags(config, 4)
+    assert flags[flags.index("--data-dir") + 1] == str(tmp_path / "a" / "data")
+
+    (run / "config.json").write_text(json.dumps({**config, "data_dir": "a/data"}))  # an older run
+    assert train(run, *fashion, "--data-dir", "a/data", "--resume", "--iters", "6")["step"] == 6
