@@ -6,6 +6,7 @@ each run's quality, and print one table: is AMP's quality as good as float32's?
     python scripts/quality_table.py --models dcgan --iters 200 --samples 1000   # a quick look
     python scripts/quality_table.py --precisions fp32                 # AMP rows left out
     python scripts/quality_table.py --models vanilla_gan --seeds 0 1 2 3   # spread against precision
+    python scripts/quality_table.py --models dcgan --lr 3e-4 --iters 14000 --runs runs/quality-3e-4   # a former default
 
 Runs go to <runs>/<model>/<dataset>/<framework>-<precision> (default --runs runs/quality; seeds
 other than 0 add -seed<S>), one fresh process each, trained with the model's own defaults and
@@ -32,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, flags, models
-from common.config import MAX_EVALUATE, MAX_IWAE_K, POINT_DATASETS, RESUME_KEYS, parse_args
+from common.config import MAX_EVALUATE, MAX_IWAE_K, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
 from common.runs import RunFolder, atomic_write, read_json, settings_as_today
@@ -52,9 +53,11 @@ def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool, 
 def training_settings(model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict:
     """What shapes the weights of the run `ensure` would start (the settings --resume holds
     fixed, and --iters): the model's and the dataset's defaults under this script's flags. A
-    run that differs in one (another --iters, or a default changed since it ran) is not reused."""
+    run that differs in one (another --iters or --lr, or a default changed since it ran) is not
+    reused."""
     cfg = parse_args(model, framework, ["--dataset", dataset, "--seed", str(seed), *(["--amp"] if amp else []),
-                                        *(["--iters", str(args.iters)] if args.iters else [])])
+                                        *(["--iters", str(args.iters)] if args.iters else []),
+                                        *(["--lr", str(args.lr)] if args.lr else [])])
     return {name: getattr(cfg, name) for name in ("iters", *RESUME_KEYS)}
 
 
@@ -108,6 +111,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder),
                "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,
                *(["--amp"] if amp else []), *(["--iters", str(args.iters)] if args.iters else []),
+               *(["--lr", str(args.lr)] if args.lr else []),
                *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
     status = subprocess.run(command).returncode
@@ -212,6 +216,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "amp"), default=["fp32", "amp"],
                         help="fp32 alone where AMP is slow to train (bfloat16 emulated on an AVX2-only CPU)")
     parser.add_argument("--iters", type=flags.positive_int, help="override every model's default budget")
+    parser.add_argument("--lr", type=learning_rate,
+                        help="override every model's default learning rate (with --iters: a former default)")
     parser.add_argument("--seeds", nargs="+", type=flags.seed, default=[0],
                         help="train each run once per seed; with two or more, their means and spread follow")
     parser.add_argument("--samples", type=flags.int_in(10, MAX_EVALUATE), default=10_000,

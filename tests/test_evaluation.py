@@ -121,6 +121,28 @@ def test_real_data_floor_is_small():
     assert 0 < floor["fid"] < 10 and floor["precision"] > 0.7 and floor["classes_covered"] == 10
 
 
+def test_quality_table_lr_overrides_every_models_learning_rate(tmp_path, capsys):
+    """--lr (a former default, say) reaches the runs it trains, and only runs of that --lr are
+    tabulated: a run of another learning rate is not taken for one of the default's."""
+    from scripts import quality_table
+
+    argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "ring8", "--precisions",
+            "fp32", "--iters", "4", "--samples", "100", "--runs", str(tmp_path)]
+    assert quality_table.main([*argv, "--lr", "1e-3"]) == 0
+    assert json.loads((tmp_path / "vanilla_gan" / "ring8" / "pytorch-fp32" / "config.json").read_text())["lr"] == 1e-3
+
+    def tabulated(*extra):
+        assert quality_table.main([*argv, *extra, "--table-only"]) == 0
+        rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"]
+        return [row["metrics"]["samples"] for row in rows if row["model"] == "vanilla_gan"]
+
+    assert tabulated("--lr", "1e-3") == [100]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        tabulated()  # the model's default learning rate: no run of it here
+    assert exit_info.value.code == 1 and "no measured runs of these settings" in capsys.readouterr().err
+
+
 def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     from scripts import quality_table
 
