@@ -28,8 +28,8 @@ GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
 # four seeds in each framework and precision, FID 4.4-5.5 on the mean, precision 0.696-0.732,
 # AMP 0.80x float32's FID in PyTorch and 1.04x in TensorFlow; the same quality as 14,000 at 3e-4
 # (FID 5.16 against 5.13 over the same 16 runs) in 0.71x the time (README, "what moved the FID";
-# 10,000 at 2e-4: FID 9.6 and 11.6, precision 0.665 and 0.637). About 10 minutes on a 2-core
-# AVX512-BF16 CPU in float32, 13-14 (PyTorch) and 16-18.5 (TensorFlow) on an AVX2-only one.
+# 10,000 at 2e-4: FID 9.6 and 11.6, precision 0.665 and 0.637). 10.5 minutes on a 2-core
+# AVX512-BF16 CPU in float32, about 13-14 (PyTorch) and 16-18.5 (TensorFlow) on an AVX2-only one.
 # Samples and evaluation come from an average of G's weights (--ema-decay): 8.4 against G's own
 # 12.4 at 10,000 iterations and lr 2e-4 in PyTorch.
 DEFAULTS = dict(
