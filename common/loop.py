@@ -384,16 +384,18 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
     written costs no training while a checkpoint still can be: the checkpoint comes first, and
     a grid between two checkpoints that fails is followed by one of its step before its error
     ends the run; --resume draws the grid. (On a full disk that checkpoint usually fails too.)"""
-    if not run.writable:
-        return
     wants_samples = finishing or (cfg.sample_every and step % cfg.sample_every == 0)
     wants_checkpoint = finishing or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
     if not (wants_samples or wants_checkpoint):
         return
+    # Read on every replica, before rank 0 goes on alone: under torchrun the read is an all-reduce.
+    skipped_total = log_interval.skipped_so_far()
+    if not run.writable:
+        return
 
     def save_checkpoint():
         session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
-                                 {"step": step, "skipped_total": log_interval.skipped_so_far(), "model": cfg.model})
+                                 {"step": step, "skipped_total": skipped_total, "model": cfg.model})
         run.prune_checkpoints()
 
     with clock.paused():
@@ -405,7 +407,9 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
             except OSError as grid_error:
                 if not wants_checkpoint:
                     try:
-                        if log_interval.steps:  # the steps since the last row, in the history
+                        # the steps since the last row, in the history (its read is an all-reduce
+                        # under torchrun, where rank 0 is alone here)
+                        if log_interval.steps and session.replicas.count == 1:
                             log_interval.close(step, finishing=True)
                         save_checkpoint()
                     except OSError:

@@ -288,6 +288,20 @@ def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str, st
 
 
 
+def test_a_float16_checkpoint_between_log_steps_counts_skips_on_every_replica(tmp_path):
+    """A checkpoint between two log steps reads the open interval's skipped steps, an
+    all-reduce under torchrun: every replica takes part, or rank 0 would wait in it alone
+    (or pair it with another replica's gradient all-reduce)."""
+    run = tmp_path / "run"
+    flags = [*FAST, "--log-every", "4", "--checkpoint-every", "3", "--sample-every", "5"]
+    result = torchrun(SCRIPTS["vanilla_gan"], "--out", str(run), "--iters", "6", "--amp", "--amp-dtype",
+                      "float16", "--init-scale", "1.8e19", *GAN_FLAGS, *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # at a scale of 1.8e19 every step's float16 gradients overflow: all six are skipped
+    skipped = [row["skipped_total"] for row in map(json.loads, (run / "history.jsonl").read_text().splitlines())]
+    assert skipped == [4, 6] and checkpoint(run, 3)["meta"]["skipped_total"] == 3
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm to rank 1"])
 def test_a_stop_request_stops_every_replica_with_one_checkpoint(tmp_path, how):
     run = tmp_path / "run"

@@ -526,3 +526,8 @@ def test_a_relative_data_dir_is_recorded_absolute_and_reopens_from_another_folde
 
     (run / "config.json").write_text(json.dumps({**config, "data_dir": "a/data"}))  # an older run
     assert train(run, *fashion, "--data-dir", "a/data", "--resume", "--iters", "6")["step"] == 6
+
+    from common.config import parse_args
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # "~" that no shell expanded (--data-dir=~/a/data)
+    assert parse_args("vanilla_gan", "pytorch", ["--data-dir=~/a/data"]).data_dir == str(tmp_path / "a" / "data")
