@@ -50,14 +50,18 @@ def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool, 
     return runs / model / dataset / f"{framework}-{'amp' if amp else 'fp32'}{f'-seed{seed}' if seed else ''}"
 
 
+def overrides(args) -> list[str]:
+    """The flags that override every model's defaults (--iters, --lr), as the runs are given them."""
+    return [*(["--iters", str(args.iters)] if args.iters else []), *(["--lr", str(args.lr)] if args.lr else [])]
+
+
 def training_settings(model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict:
     """What shapes the weights of the run `ensure` would start (the settings --resume holds
     fixed, and --iters): the model's and the dataset's defaults under this script's flags. A
     run that differs in one (another --iters or --lr, or a default changed since it ran) is not
     reused."""
     cfg = parse_args(model, framework, ["--dataset", dataset, "--seed", str(seed), *(["--amp"] if amp else []),
-                                        *(["--iters", str(args.iters)] if args.iters else []),
-                                        *(["--lr", str(args.lr)] if args.lr else [])])
+                                        *overrides(args)])
     return {name: getattr(cfg, name) for name in ("iters", *RESUME_KEYS)}
 
 
@@ -110,8 +114,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
     command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder),
                "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,
-               *(["--amp"] if amp else []), *(["--iters", str(args.iters)] if args.iters else []),
-               *(["--lr", str(args.lr)] if args.lr else []),
+               *(["--amp"] if amp else []), *overrides(args),
                *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
     status = subprocess.run(command).returncode
