@@ -34,6 +34,7 @@ SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale 
 MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 MAX_EVALUATE = 1_000_000  # 100x the 10,000 samples the quality tables measure
+MAX_EVAL_DRAWS = 100
 MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
 MAX_GROWTH_INTERVAL = 2**31 - 1  # the loss scalers count clean steps in 32 (PyTorch) and 64 bits (Keras)
 # ... and of the flags a framework turns into float32 scalars, whose overflow raised deep in a step.
@@ -76,6 +77,7 @@ class RunConfig:
     init_from: str | None = None
     evaluate: int = 0
     iwae_k: int = 100
+    eval_draws: int = 1
     init_scale: float = LOSS_SCALE_INIT
     growth_factor: float = KERAS_GROWTH_FACTOR
     backoff_factor: float = KERAS_BACKOFF_FACTOR
@@ -216,6 +218,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     output.add_argument("--evaluate", type=flags.int_in(0, MAX_EVALUATE), metavar="N",
                         help="after training, measure quality on N generated samples (FID, "
                              "precision/recall, modes; VAE: test ELBO/IWAE) into summary.json")
+    output.add_argument("--eval-draws", type=flags.int_in(1, MAX_EVAL_DRAWS), metavar="N",
+                        help="with --evaluate: measure the samples' metrics on N draws of noise (the "
+                             "first is the run's own) and record each, to see what another draw moves")
     output.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K),
                         help="importance samples per test image for the VAE's IWAE bound")
     output.add_argument("--profile", action="store_true",

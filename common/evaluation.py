@@ -30,6 +30,7 @@ from common.errors import UserError
 from common.runs import RunFolder, settings_as_today
 
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
+DRAW_STREAM = 2   # under EVAL_STREAM: --eval-draws' further draws (1 is the VAE bounds' noise)
 CHUNK = 1000      # examples per framework call
 MIXTURE_SAMPLES = 2500  # the VEEGAN/PacGAN protocol's sample count, whatever --evaluate asks
 MNIST_TEST_IMAGES = 10_000  # the most test images a measurement (and the floor's training images) can use
@@ -40,9 +41,11 @@ def sample_count(dataset: str, asked: int) -> int:
     return min(asked, MIXTURE_SAMPLES) if dataset in POINT_DATASETS else asked
 
 
-def evaluation_noise(count: int, dim: int, seed: int) -> np.ndarray:
-    """N(0, I) noise drawn from --seed alone: both frameworks evaluate the same z."""
-    return np.random.default_rng([seed, EVAL_STREAM]).standard_normal((count, dim)).astype(np.float32)
+def evaluation_noise(count: int, dim: int, seed: int, draw: int = 0) -> np.ndarray:
+    """N(0, I) noise drawn from --seed alone: both frameworks evaluate the same z. Draw 0 is
+    the run's own; --eval-draws measures on more (1, 2, ...), each from a stream of its own."""
+    stream = [seed, EVAL_STREAM] if draw == 0 else [seed, EVAL_STREAM, DRAW_STREAM, draw]
+    return np.random.default_rng(stream).standard_normal((count, dim)).astype(np.float32)
 
 
 def in_chunks(function, array: np.ndarray) -> np.ndarray:
@@ -110,26 +113,49 @@ def vae_bounds(encode, decode_logits, images: np.ndarray, k: int, seed: int) -> 
 
 def evaluate(cfg, trainer, log=print) -> dict:
     """Every metric that applies to this run; `trainer.sample(z)` returns NHWC images in
-    [0, 1] or 2-D points for z of `trainer.z_dim` dimensions."""
+    [0, 1] or 2-D points for z of `trainer.z_dim` dimensions.
+
+    Under --eval-draws N the sample metrics are measured on N draws of noise, the first the
+    run's own: "draws" holds each one's N values (the figures beside it are the first draw's),
+    to read a difference between two runs against what another draw of samples moves."""
     count = sample_count(cfg.dataset, cfg.evaluate)
-    samples = in_chunks(trainer.sample, evaluation_noise(count, trainer.z_dim, cfg.seed))
-    if not np.isfinite(samples).all():
-        log("evaluation: the samples hold inf/NaN; no metrics")
-        return {"samples": count, "finite_samples": 0.0}
-    results = {"samples": count}
-    if cfg.dataset in POINT_DATASETS:
-        results.update(point_metrics(samples, cfg.dataset))
-    elif measures_images(cfg):
-        results.update(image_metrics(samples))
-    else:
-        log(f"evaluation: no sample metric for --dataset {cfg.dataset} at this size "
-            "(the feature net knows 28x28 MNIST)")
+    first = sample_metrics(cfg, trainer, count, 0, log)
+    results = {"samples": count, **first}
+    if "finite_samples" in first:
+        return results
     if hasattr(trainer, "decode_logits"):
         test = datasets.fixed_test_images(cfg, min(count, MNIST_TEST_IMAGES))
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
     shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items() if k != "samples")
     log(f"evaluation ({count} samples): {shown}")
+    if cfg.eval_draws > 1 and first:
+        draws = [first, *(sample_metrics(cfg, trainer, count, draw, log) for draw in range(1, cfg.eval_draws))]
+        if not any("finite_samples" in figures for figures in draws):
+            results["draws"] = {name: [figures[name] for figures in draws] for name in draws[0]}
+            log(f"evaluation over {len(draws)} draws of {count} samples: {describe_draws(results['draws'])}")
     return results
+
+
+def sample_metrics(cfg, trainer, count: int, draw: int, log) -> dict:
+    """The metrics of `count` samples from draw `draw` of the evaluation noise."""
+    samples = in_chunks(trainer.sample, evaluation_noise(count, trainer.z_dim, cfg.seed, draw))
+    if not np.isfinite(samples).all():
+        log(f"evaluation: the samples{f' of draw {draw}' if draw else ''} hold inf/NaN; no metrics")
+        return {"finite_samples": 0.0}
+    if cfg.dataset in POINT_DATASETS:
+        return point_metrics(samples, cfg.dataset)
+    if measures_images(cfg):
+        return image_metrics(samples)
+    if draw == 0:
+        log(f"evaluation: no sample metric for --dataset {cfg.dataset} at this size "
+            "(the feature net knows 28x28 MNIST)")
+    return {}
+
+
+def describe_draws(draws: dict[str, list[float]]) -> str:
+    """'fid 5.64 (5.40-6.07), ...': each metric's mean over the draws and its range."""
+    return ", ".join(f"{name} {np.mean(values):.4g} ({min(values):.4g}-{max(values):.4g})"
+                     for name, values in draws.items())
 
 
 def real_data_floor(count: int = MNIST_TEST_IMAGES) -> dict:
@@ -158,18 +184,22 @@ def rerun_flags(config: dict, step: int) -> list[str]:
     return [*flags, "--iters", str(step)]
 
 
-def evaluate_run(folder: Path, samples: int, iwae_k: int | None) -> dict:
+def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1) -> dict:
     """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
-    left to train) and `--evaluate samples`; return the metrics it wrote to summary.json."""
+    left to train) and `--evaluate samples`; return the metrics it wrote to summary.json, with
+    "draws" as `evaluate` returns them under --eval-draws."""
     config, summary = RunFolder(folder).read_finished()
     if config.get("model") not in models.MODELS or config.get("framework") not in models.FRAMEWORKS:
         raise UserError(f"{folder}: not a run of this repository (model {config.get('model')!r}, "
                         f"framework {config.get('framework')!r})")
     command = [sys.executable, str(models.MODELS[config["model"]].script(config["framework"])),
                *rerun_flags(config, summary["step"]), "--out", str(folder), "--resume",
-               "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else [])]
+               "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else []),
+               *(["--eval-draws", str(draws)] if draws > 1 else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)
     status = subprocess.run(command).returncode
     if status != 0:
         raise UserError(f"evaluating {folder} failed (exit {status}); its output is above")
-    return json.loads((folder / "summary.json").read_text()).get("metrics", {})
+    summary = json.loads((folder / "summary.json").read_text())
+    over_draws = {"draws": summary["metrics_over_draws"]} if "metrics_over_draws" in summary else {}
+    return {**summary.get("metrics", {}), **over_draws}

@@ -526,6 +526,9 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             summary = {**previous, "stopped_early": False}
     if cfg.evaluate and not stopped_early and run.writable:
         summary["metrics"] = session.evaluate(cfg)
+        summary.pop("metrics_over_draws", None)  # an earlier evaluation's
+        if "draws" in summary["metrics"]:  # --eval-draws: each draw's figures
+            summary["metrics_over_draws"] = summary["metrics"].pop("draws")
         board.metrics(summary["metrics"], step)
     run.write_summary(summary)
     if stopped_early:

@@ -2,6 +2,7 @@
 
     python scripts/evaluate.py runs/dcgan/pytorch-fp32                 # 10,000 samples
     python scripts/evaluate.py runs/vanilla_vae/tensorflow-amp-bf16 --iwae-k 5000
+    python scripts/evaluate.py --draws 5 runs/dcgan/pytorch-fp32       # and 4 other draws of z
     python scripts/evaluate.py --floor                                 # MNIST train vs test
 
 The run's own script reopens the run from its last checkpoint (`--resume` with nothing left to
@@ -26,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import evaluation, flags
-from common.config import MAX_EVALUATE, MAX_IWAE_K
+from common.config import MAX_EVAL_DRAWS, MAX_EVALUATE, MAX_IWAE_K
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.runs import RunFolder
 
@@ -55,6 +56,9 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=flags.int_in(10, MAX_EVALUATE), default=10_000,
                         help="generated samples per run")
     parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K), help="VAE: importance samples per test image")
+    parser.add_argument("--draws", type=flags.int_in(1, MAX_EVAL_DRAWS), default=1,
+                        help="also measure on N-1 other draws of noise and print each metric's mean "
+                             "and range over the N (the first draw is the run's own)")
     parser.add_argument("--floor", action="store_true", help="MNIST train vs test, the real-data floor")
     args = parser.parse_args(argv)
     if not args.runs and not args.floor:
@@ -63,8 +67,11 @@ def main(argv=None) -> int:
     for folder in args.runs:  # all of them before the first is measured
         check_evaluable(folder)
     for folder in args.runs:
-        results = evaluation.evaluate_run(folder, args.samples, args.iwae_k)
+        results = evaluation.evaluate_run(folder, args.samples, args.iwae_k, args.draws)
+        draws = results.pop("draws", None)
         print(f"{folder}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
+        if draws:
+            print(f"{folder}, mean (range) over {args.draws} draws: {evaluation.describe_draws(draws)}")
         measured_images |= "fid" in results
     if args.floor or measured_images:  # every FID is read against the floor at its sample count
         floor = evaluation.real_data_floor(args.samples)

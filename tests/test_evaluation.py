@@ -35,7 +35,7 @@ class ImagesAsSamples:
 
 def config(**overrides):
     return SimpleNamespace(**{"dataset": "mnist", "image_size": None, "evaluate": 500, "seed": 0,
-                              "iwae_k": 4, **overrides})
+                              "iwae_k": 4, "eval_draws": 1, **overrides})
 
 
 def test_real_test_images_score_like_themselves():
@@ -53,6 +53,36 @@ def test_one_repeated_digit_covers_one_class_and_scores_badly():
     assert results["classes_covered"] == 1
     assert results["class_kl"] == pytest.approx(math.log(10))
     assert results["recall"] < 0.05 and results["fid"] > 100
+
+
+class ImagesPickedByNoise:
+    """A stand-in trainer whose 'generator' maps each z to one of a pool of test images: other
+    noise, other samples."""
+
+    z_dim = 3
+
+    def __init__(self, pool_uint8):
+        self.pool = pool_uint8.astype(np.float32) / 255.0
+
+    def sample(self, z):
+        return self.pool[(np.abs(z[:, 0]) * 1e6).astype(np.int64) % len(self.pool)]
+
+
+def test_eval_draws_add_other_noise_and_keep_the_runs_own_first():
+    trainer = ImagesPickedByNoise(datasets.load_dataset("mnist", split="train", limit=2000).x)
+    quiet = lambda *_: None
+    own = evaluation.evaluate(config(), trainer, log=quiet)
+    results = evaluation.evaluate(config(eval_draws=3), trainer, log=quiet)
+    draws = results.pop("draws")
+    assert results == own  # the figures beside the draws are the run's own draw's
+    assert set(draws) == set(own) - {"samples"} and all(len(values) == 3 for values in draws.values())
+    for draw, fid in enumerate(draws["fid"]):
+        samples = trainer.sample(evaluation.evaluation_noise(500, 3, seed=0, draw=draw))
+        assert fid == evaluation.image_metrics(samples)["fid"]
+    assert len(set(draws["fid"])) == 3  # three draws of z, three sets of samples
+    # draw 0 is the stream every recorded figure was measured on
+    assert np.array_equal(evaluation.evaluation_noise(5, 3, seed=7),
+                          np.random.default_rng([7, 23]).standard_normal((5, 3)).astype(np.float32))
 
 
 def test_vae_bounds_equal_the_closed_form_when_the_posterior_is_the_prior():
@@ -105,6 +135,26 @@ def test_evaluate_script_reopens_a_finished_run_and_keeps_its_figures(tmp_path, 
     assert json.loads((out / "config.json").read_text())["precision"] == "amp-bf16"
     printed = capsys.readouterr().out
     assert "test_iwae_k8" in printed and "real-data floor, 200 MNIST training images" in printed
+
+
+def test_evaluate_script_draws_record_each_draw_until_the_next_evaluation(tmp_path, capsys):
+    out = tmp_path / "gan"
+    gan_pytorch.main(["--out", str(out), *TINY, "--evaluate", "200", "--eval-draws", "2"])
+    trained = json.loads((out / "summary.json").read_text())
+    assert [values[0] for values in trained["metrics_over_draws"].values()] == \
+        [trained["metrics"][name] for name in trained["metrics_over_draws"]]
+
+    assert evaluate_script.main([str(out), "--samples", "200", "--draws", "3"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    over_draws = summary["metrics_over_draws"]
+    assert summary["metrics"] == trained["metrics"]  # the run's own draw, measured again
+    assert over_draws["fid"][:2] == trained["metrics_over_draws"]["fid"] and len(over_draws["fid"]) == 3
+    fids = over_draws["fid"]
+    assert "mean (range) over 3 draws: " in capsys.readouterr().out
+
+    assert evaluate_script.main([str(out), "--samples", "200"]) == 0
+    assert "metrics_over_draws" not in json.loads((out / "summary.json").read_text())  # not this evaluation's
+    assert f"fid {np.mean(fids):.4g} ({min(fids):.4g}-{max(fids):.4g})" in evaluation.describe_draws(over_draws)
 
 
 def test_evaluate_script_errors_are_one_line(tmp_path, capsys):
