@@ -66,6 +66,7 @@ def checkpoint_arrays(path):
     for name, average in state["averages"].items():  # --ema-decay
         arrays.update({f"averages/{name}/{k}": v.numpy() for k, v in average["module"].items()})
         arrays[f"averages/{name}/updates"] = np.array(average["updates"])
+    arrays.update({f"scaler/{k}": np.array(v) for k, v in state["scaler"].items()})  # float16's loss scale
     arrays["rng"] = state["rng"]["cpu"].numpy()
     if "cuda" in state["rng"]:
         arrays["rng_cuda"] = state["rng"]["cuda"].numpy()

@@ -514,7 +514,8 @@ def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, ca
     assert json.loads((tmp_path / "gan" / "config.json").read_text())["xla"] is True
     # The profile's table counts the compiled step's HLO instructions, not TensorFlow ops.
     rows = (tmp_path / "gan" / "profile" / "top_ops.txt").read_text().splitlines()[2:]
-    assert rows[0].split()[:2] == ["XLA", "MatMul"] and all(row.startswith("  XLA ") for row in rows)
+    # (which instruction leads, and its name, depend on the CPU and on XLA's fusions)
+    assert len(rows) >= 3 and all(row.startswith("  XLA ") for row in rows), rows
     with pytest.raises(SystemExit) as exit_info:
         gan_pytorch.main(["--out", str(tmp_path / "pt"), *TINY, "--xla"])
     assert exit_info.value.code == 2 and "--xla is TensorFlow's" in capsys.readouterr().err
@@ -656,7 +657,8 @@ def test_amp_gradients_measures_each_framework_against_its_own_float32(model, wi
     expected = [(network, name) for network, module in torch_script.build_networks((1, 28, 28), width).items()
                 for name, _ in module.named_parameters()]
     assert sorted((row["network"], row["name"]) for row in result["weights"]) == sorted(expected)
-    assert result["float32_gap"] < 2e-2  # the same weights, ported: float32 agrees
+    # the same weights, ported: float32 agrees to its rounding (2.9e-7 and 4.4e-6 measured, Zen 4)
+    assert result["float32_gap"] < 1e-4
     for row in result["weights"]:  # bfloat16 really ran in both, and errs by its ~3 significant digits
         assert 1e-5 < row["pytorch"] < 0.5 and 1e-5 < row["tensorflow"] < 0.5, row
     table = capsys.readouterr().out
@@ -751,7 +753,7 @@ def test_amp_gradients_measures_at_a_trained_runs_weights(framework, tmp_path):
     result = amp_gradients.measure(None, None, batch_size=8, batches=2, weights=run)
     assert result["model"] == "lsgan" and result["width"] == 8 and str(checkpoint) in result["source"]
     assert len(result["weights"]) == sum(1 for n in networks.values() for _ in n.parameters())
-    assert models.get(result["model"]).hparams.Z_DIM == 100 and result["float32_gap"] < 2e-2
+    assert models.get(result["model"]).hparams.Z_DIM == 100 and result["float32_gap"] < 1e-4
 
 
 def test_amp_gradients_refuses_runs_it_cannot_measure_in_one_line(tmp_path, capsys):

@@ -4,11 +4,12 @@ import json
 import math
 import re
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from common import cpu
+from common import cpu, sampling
 from common.runs import RunFolder
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from tests.conftest import checkpoint_arrays
@@ -60,10 +61,21 @@ def test_short_run_writes_the_run_folder(framework, amp, tmp_path):
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
-def test_ring_of_gaussians_run_plots_points(framework, tmp_path):
+def test_ring_of_gaussians_run_plots_points(framework, tmp_path, monkeypatch):
+    plotted, plot = [], sampling.save_scatter
+
+    def recorded(samples, path, real=None, title=""):
+        plotted.append((Path(path).name, np.array(samples), np.array(real)))
+        plot(samples, path, real=real, title=title)
+
+    monkeypatch.setattr(sampling, "save_scatter", recorded)
     out = tmp_path / "ring"
     train(framework, out, "--dataset", "ring8", "--iters", "4")
-    assert (out / "samples" / "step_000004.png").stat().st_size > 1000
+    name, generated, real = plotted[-1]
+    assert name == "step_000004.png" and (out / "samples" / name).stat().st_size > 1000
+    assert generated.shape == (2500, 2) and real.shape == (256, 2) and np.isfinite(generated).all()  # --data-limit 256
+    assert np.allclose(np.linalg.norm(real, axis=1), 1, atol=0.1)  # the ring's points, under G's
+    assert not np.allclose(generated[:256], real, atol=0.1)
     assert np.load(out / "fixed_noise.npy").shape == (2500, 100)
 
 
@@ -77,11 +89,16 @@ def test_both_frameworks_draw_the_same_fixed_noise(tmp_path):
     assert not np.array_equal(noise, np.load(other_seed / "fixed_noise.npy"))
 
 
+RESUMED_PRECISIONS = {"fp32": [], "bf16": ["--amp"],
+                      # the loss scale doubles every two good steps: it moves across the resume
+                      "fp16": ["--amp", "--amp-dtype", "float16", "--growth-interval", "2"]}
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
-@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
-def test_resume_is_bit_exact(framework, amp, tmp_path):
+@pytest.mark.parametrize("precision", RESUMED_PRECISIONS)
+def test_resume_is_bit_exact(framework, precision, tmp_path):
     """Weights, optimizers, loss scale, noise and the average of G's weights (--ema-decay)."""
-    flags = ["--checkpoint-every", "4", "--seed", "5", "--ema-decay", "0.9", *(["--amp"] if amp else [])]
+    flags = ["--checkpoint-every", "4", "--seed", "5", "--ema-decay", "0.9", *RESUMED_PRECISIONS[precision]]
     # 10 steps of 32 out of 256 examples: the resumed half crosses an epoch boundary.
     train(framework, tmp_path / "straight", "--iters", "10", *flags)
     train(framework, tmp_path / "resumed", "--iters", "6", *flags)
@@ -94,6 +111,10 @@ def test_resume_is_bit_exact(framework, amp, tmp_path):
     assert sum(key.startswith(("average/", "averages/")) for key in straight) >= 5
     for key in straight:
         np.testing.assert_array_equal(straight[key], resumed[key], err_msg=key)
+    scales = [json.loads(line)["loss_scale"]
+              for line in (tmp_path / "straight" / "history.jsonl").read_text().splitlines()]
+    if precision == "fp16":  # the scale moved, and the arrays compared above hold it
+        assert len(set(scales)) > 2 and any(value.size == 1 and value == scales[-1] for value in straight.values())
     history = [json.loads(line)["step"]
                for line in (tmp_path / "resumed" / "history.jsonl").read_text().splitlines()]
     assert history == [2, 4, 6, 8, 10]
