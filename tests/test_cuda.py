@@ -108,10 +108,10 @@ def test_every_pytorch_script_trains_on_cuda_and_writes_its_run_folder(model, pr
 
 
 @pytest.mark.cuda
-def test_binary_cross_entropy_raises_under_cuda_autocast_and_the_models_take_logits():
+def test_binary_cross_entropy_raises_under_cuda_autocast_and_bce_with_logits_does_not():
     """F.binary_cross_entropy on probabilities is refused under CUDA autocast (float16 would
-    round 1 - p to 0); every model's losses take logits (BCE-with-logits, fused and stable),
-    which is why the float16 runs above train."""
+    round 1 - p to 0); BCE-with-logits, fused and stable, runs and returns float32: which is
+    why the models' losses take logits (the next test) and the float16 runs above train."""
     probabilities = torch.rand(8, 1, device="cuda")
     with torch.autocast("cuda", dtype=torch.float16):
         with pytest.raises(RuntimeError, match="unsafe to autocast"):
@@ -119,10 +119,19 @@ def test_binary_cross_entropy_raises_under_cuda_autocast_and_the_models_take_log
         logits = F.linear(torch.randn(8, 4, device="cuda"), torch.randn(1, 4, device="cuda"))
         fused = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
     assert logits.dtype == torch.float16 and fused.dtype == torch.float32 and torch.isfinite(fused)
-    for model in models.MODELS.values():
-        for source in (model.script("pytorch"), models.REPO / model.family / "gan_step_pytorch.py"):
-            if source.exists():
-                assert not re.search(r"binary_cross_entropy\(|BCELoss\(", source.read_text()), source
+
+
+def test_the_models_losses_take_logits():
+    """No PyTorch model script (nor the GAN step they share) calls F.binary_cross_entropy or
+    BCELoss on probabilities, which CUDA autocast refuses: a source scan, so it runs on a CPU."""
+    sources = [source for model in models.MODELS.values()
+               for source in (model.script("pytorch"), models.REPO / model.family / "gan_step_pytorch.py")
+               if source.exists()]
+    assert sources
+    texts = {source: source.read_text() for source in sources}
+    assert any("binary_cross_entropy_with_logits(" in text for text in texts.values())  # the scan reads the losses
+    for source, text in texts.items():
+        assert not re.search(r"binary_cross_entropy\(|BCELoss\(", text), source
 
 
 @pytest.mark.cuda

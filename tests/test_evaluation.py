@@ -96,6 +96,50 @@ def test_vae_bounds_equal_the_closed_form_when_the_posterior_is_the_prior():
     assert bounds["test_iwae_k300"] == pytest.approx(-784 * math.log(2))
 
 
+def test_vae_bounds_match_the_closed_form_when_the_posterior_is_not_the_prior():
+    # q(z|x) = N(1, 0.5^2) in each of d dimensions, p(z) = N(0, I), and logits 0 make
+    # log p(x|z) = -D log 2 for any x in [0, 1], whatever z. Then:
+    #   ELBO   = -D log 2 - KL(q || p), KL = d/2 (s^2 + m^2 - 1 - log s^2) = d (1/8 + log 2)
+    #   log p(x) = log E_p[p(x|z)] = -D log 2, and the IWAE bound lies between the two,
+    #   rising towards log p(x) as k grows (Burda et al. 2016).
+    # Each log weight is -D log 2 + sum over dimensions of -1/2 - log 2 - eps/2 + 3/8 eps^2
+    # (z = 1 + eps/2), of variance d (1/4 + 2 (3/8)^2) = d 17/32: the Monte-Carlo error of the
+    # ELBO's mean over n images and k samples is sqrt(d 17/32 / (n k)).
+    d, n, pixels = 5, 50, 784
+    images = np.random.default_rng(1).uniform(0, 1, (n, 28, 28, 1)).astype(np.float32)
+    encode = lambda x: (np.full((len(x), d), 1.0), np.full((len(x), d), math.log(0.25)))
+    decode_logits = lambda z: np.zeros((len(z), pixels), np.float32)
+    log_px = -pixels * math.log(2)
+    elbo = log_px - d * (1 / 8 + math.log(2))
+    few = evaluation.vae_bounds(encode, decode_logits, images, k=10, seed=0)
+    many = evaluation.vae_bounds(encode, decode_logits, images, k=1000, seed=0)
+    assert set(many) == {"test_elbo", "test_iwae_k1000"}
+    monte_carlo_error = math.sqrt(d * 17 / 32 / (n * 1000))
+    assert many["test_elbo"] == pytest.approx(elbo, abs=4 * monte_carlo_error)
+    assert many["test_elbo"] < few["test_iwae_k10"] < many["test_iwae_k1000"] < log_px
+
+
+def test_vae_bounds_score_each_image_with_its_own_posterior_samples():
+    # Images of ones and of zeros; the encoder puts the ones' posterior at z = +3 and the zeros'
+    # at -3 (sd 0.1: z never crosses 0), and the decoder predicts ones for z > 0, zeros below,
+    # with logits +-30. Each image decoded from its own z scores log p(x|z) = -D softplus(-30),
+    # about -7e-11; from another image's z, -D softplus(30) = -23,520 nats. So the ELBO is
+    # -D softplus(-30) - KL only if every z is decoded against the image it was drawn for, with
+    # KL = 1/2 (0.01 + 9 - 1 - log 0.01) per image (d = 1). Log weights vary by
+    # 1/2 eps^2 (1 - 0.01) - 0.3 eps: variance 0.09 + 0.98^2 / 2.
+    n, k, pixels = 6, 200, 784
+    images = np.zeros((n, 28, 28, 1), np.float32)
+    images[::2] = 1.0
+    encode = lambda x: (np.where(x.reshape(len(x), -1).mean(axis=1, keepdims=True) > 0.5, 3.0, -3.0),
+                        np.full((len(x), 1), math.log(0.01)))
+    decode_logits = lambda z: np.repeat(np.where(z > 0, 30.0, -30.0), pixels, axis=1).astype(np.float32)
+    kl = 0.5 * (0.01 + 9 - 1 - math.log(0.01))
+    elbo = -pixels * math.log1p(math.exp(-30)) - kl
+    bounds = evaluation.vae_bounds(encode, decode_logits, images, k=k, seed=0)
+    monte_carlo_error = math.sqrt((0.09 + 0.98**2 / 2) / (n * k))
+    assert bounds["test_elbo"] == pytest.approx(elbo, abs=4 * monte_carlo_error)
+
+
 @pytest.mark.parametrize("script", [gan_pytorch, gan_tensorflow], ids=["pytorch", "tensorflow"])
 def test_evaluate_flag_measures_at_the_end_of_training(script, tmp_path):
     out = tmp_path / "run"

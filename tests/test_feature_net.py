@@ -192,7 +192,13 @@ def test_float32_training_is_reproducible(training_script):
 def test_only_the_reproducible_run_writes_the_committed_weights(training_script, tmp_path, monkeypatch):
     committed = training_script.DEFAULT_WEIGHTS
     real_asset = feature_net.DEFAULT_WEIGHTS.read_bytes()
-    assert training_script.weights_destination(training_script.parse_args([])) == committed
+    destination = lambda flags: training_script.weights_destination(training_script.parse_args(flags))
+    assert destination([]) == committed
+    # each condition alone keeps the committed weights (the runs below all carry --data-limit)
+    for flags in (["--amp"], ["--device", "cuda"], ["--test-limit", "10"],
+                  ["--result-json", str(tmp_path / "result.json")], ["--data-limit", "10"]):
+        assert destination(flags) is None, flags
+    assert destination(["--amp", "--out", str(tmp_path / "mine.npz")]) == tmp_path / "mine.npz"
     monkeypatch.setattr(training_script, "MIN_TEST_ACCURACY", 0.0)  # so that only the destination rule stops a write
     for flags in (["--amp"], [], ["--amp", "--amp-dtype", "bfloat16"]):
         training_script.main(TINY + flags)
