@@ -49,9 +49,10 @@ def replica_environment() -> dict:
             "PYTHONUNBUFFERED": "1"}
 
 
-def torchrun_command(script: str, *flags: str, replicas: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(replicas),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, *flags]
+def torchrun_command(script: str, *flags: str, replicas: int = 2, launcher: tuple = ()) -> list[str]:
+    """`launcher`: more of torchrun's own options."""
+    return [sys.executable, "-m", "torch.distributed.run", *launcher, "--nnodes", "1", "--nproc-per-node",
+            str(replicas), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, *flags]
 
 
 def torchrun(script: str, *flags: str) -> subprocess.CompletedProcess:
@@ -249,9 +250,61 @@ def test_a_batch_that_does_not_divide_among_the_replicas_is_one_line(tmp_path):
 
 # --- stopping -------------------------------------------------------------------------------
 
-def start_replicas(script: str, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen(torchrun_command(script, *flags), cwd=REPO, env=replica_environment(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+# What each replica of the stop tests runs: the model script, in the process torchrun started
+# (the pid the signals reach), and then how it ended, written to <folder>/rank<RANK>: its exit
+# status, or the exception it raised. torchrun's own report cannot say: it names no replica's
+# status when it is stopped itself (a Ctrl-C), and a replica that its closing SIGTERM reaches
+# after the replica's own sys.exit it reports as killed by that SIGTERM.
+EXIT_RECORDER = """\
+import os
+import runpy
+import sys
+from pathlib import Path
+
+folder, sys.argv = Path(sys.argv[1]), sys.argv[2:]
+
+
+def record(how):
+    (folder / f"rank{os.environ['RANK']}").write_text(str(how))
+
+
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as stop:
+    record(0 if stop.code is None else stop.code)
+    raise
+except BaseException as error:
+    record(f"raised {type(error).__name__}")
+    raise
+record(0)
+"""
+
+
+def start_replicas(folder: Path, script: str, *flags: str) -> subprocess.Popen:
+    """torchrun's replicas of `script`, each one's stdout and stderr in files of its own under
+    `folder` (replica_output: torchrun mixes them on its own), and how it ended too (ended)."""
+    recorder, statuses = folder / "exit_recorder.py", folder / "ended"
+    recorder.write_text(EXIT_RECORDER)
+    statuses.mkdir()
+    launcher = ("--log-dir", str(folder / "logs"), "--redirects", "3")
+    return subprocess.Popen(torchrun_command(str(recorder), str(statuses), script, *flags, launcher=launcher),
+                            cwd=REPO, env=replica_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def replica_output(folder: Path, rank: int, stream: str) -> str:
+    """What replica `rank` wrote to `stream` ("stdout" or "stderr"): torchrun's --redirects
+    keeps it in <--log-dir>/<run id>_<random>/attempt_0/<local rank>/<stream>.log."""
+    found = list((folder / "logs").glob(f"*/attempt_0/{rank}/{stream}.log"))
+    assert len(found) == 1, found
+    return found[0].read_text()
+
+
+def ended(folder: Path, rank: int) -> str:
+    """How replica `rank` ended: its exit status ("130"), "raised <Exception>", or "killed" by a
+    signal before it could say."""
+    status = folder / "ended" / f"rank{rank}"
+    return status.read_text() if status.exists() else "killed"
 
 
 def wait_for_training(run: Path, process: subprocess.Popen, timeout: float = 120):
@@ -275,15 +328,15 @@ def worker_pids(process: subprocess.Popen) -> dict[int, int]:
     return found
 
 
-def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str, float]:
-    started = time.monotonic()
+def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
+    """torchrun's exit status, stdout and stderr; a hang fails the test (TimeoutExpired)."""
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
-    return process.returncode, out, err, time.monotonic() - started
+    return process.returncode, out, err
 
 
 
@@ -305,7 +358,8 @@ def test_a_float16_checkpoint_between_log_steps_counts_skips_on_every_replica(tm
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm to rank 1"])
 def test_a_stop_request_stops_every_replica_with_one_checkpoint(tmp_path, how):
     run = tmp_path / "run"
-    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
+    process = start_replicas(tmp_path, SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
+    stop_signal = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
     try:
         wait_for_training(run, process)
         if how == "ctrl-c":
@@ -313,22 +367,32 @@ def test_a_stop_request_stops_every_replica_with_one_checkpoint(tmp_path, how):
         else:
             os.kill(worker_pids(process)[1], signal.SIGTERM)
     finally:
-        code, out, err, _ = finish(process)
-    assert code != 0
-    assert "stopped at step" in out and "Traceback (most recent call last):\n  File \"" not in out
-    resume_from_the_only_checkpoint(SCRIPTS["vanilla_gan"], run, err[-3000:])
+        code, _, launcher_err = finish(process)
+    assert code != 0, launcher_err[-3000:]
+    errors = [replica_output(tmp_path, rank, "stderr") for rank in (0, 1)]
+    # every replica saw the request through: the stop path's exit, 128 + the signal, not an exception
+    assert [ended(tmp_path, rank) for rank in (0, 1)] == [str(128 + stop_signal)] * 2, errors
+    for err in errors:
+        assert "Traceback" not in err and not re.search(r"^error:", err, re.MULTILINE), err
+    assert f"{stop_signal.name}: finishing this step and saving a checkpoint" in errors[1]
+    assert "stopped at step" in replica_output(tmp_path, 0, "stdout")
+    resume_from_the_only_checkpoint(SCRIPTS["vanilla_gan"], run, errors[0][-3000:])
 
 
 def test_a_killed_replica_ends_the_others_with_one_line(tmp_path):
     run = tmp_path / "run"
-    process = start_replicas(SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
+    process = start_replicas(tmp_path, SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED)
     try:
         wait_for_training(run, process)
         os.kill(worker_pids(process)[1], signal.SIGKILL)
     finally:
-        code, out, err, waited = finish(process)
-    assert code != 0 and waited < 30
+        code, _, launcher_err = finish(process)
+    assert code != 0, launcher_err[-3000:]
+    assert ended(tmp_path, 1) == "killed"
+    # rank 0 learns of it at its next collective (torchrun's SIGTERM to it, should that come
+    # first, is a stop request, which ends at a collective too) and ends with one line
+    err = replica_output(tmp_path, 0, "stderr")
     ours = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(ours) <= 1
-    # rank 0 either learned of it at a collective (one line) or was stopped by torchrun first
-    assert ours == [] or "lost contact with another replica" in ours[0]
+    assert len(ours) == 1 and "lost contact with another replica" in ours[0], err
+    assert "Traceback" not in err, err
+    assert ended(tmp_path, 0) == "1", err  # ReplicaFailed's status, a UserError's

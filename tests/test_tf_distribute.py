@@ -291,12 +291,10 @@ def test_a_killed_worker_ends_the_other_with_one_line(tmp_path):
     try:
         wait_for_training(run, processes)
         processes[1].kill()
-        started = time.monotonic()
-        code, _, err, _ = finish(processes[:1], timeout=60)[0]
-        waited = time.monotonic() - started
+        code, _, err, _ = finish(processes[:1], timeout=60)[0]  # a hang fails here ("timed out")
     finally:
         finish(processes)
-    assert code == 1 and waited < 30, err[-2000:]
+    assert code == 1, err[-2000:]  # ReplicaFailed's status, a UserError's
     ours = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(ours) == 1 and "lost contact with another worker" in ours[0], err[-2000:]
-    assert "Traceback" not in err
+    assert "Traceback" not in err, err[-2000:]
