@@ -34,7 +34,7 @@ SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale 
 MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 MAX_EVALUATE = 1_000_000  # 100x the 10,000 samples the quality tables measure
-MAX_EVAL_DRAWS = 100
+MAX_EVAL_DRAWS = 20  # 20 evaluations of 10,000 samples: minutes, inside the replicas' 10-minute wait
 MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
 MAX_GROWTH_INTERVAL = 2**31 - 1  # the loss scalers count clean steps in 32 (PyTorch) and 64 bits (Keras)
 # ... and of the flags a framework turns into float32 scalars, whose overflow raised deep in a step.
@@ -220,7 +220,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                              "precision/recall, modes; VAE: test ELBO/IWAE) into summary.json")
     output.add_argument("--eval-draws", type=flags.int_in(1, MAX_EVAL_DRAWS), metavar="N",
                         help="with --evaluate: measure the samples' metrics on N draws of noise (the "
-                             "first is the run's own) and record each, to see what another draw moves")
+                             "first is the run's own) and record each, to see how much the figures move with the noise")
     output.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K),
                         help="importance samples per test image for the VAE's IWAE bound")
     output.add_argument("--profile", action="store_true",
@@ -264,6 +264,8 @@ def validate(cfg: RunConfig) -> None:
     """Checks across flags; each failure is one UsageError line naming the fix."""
     if cfg.amp_dtype != "auto" and not cfg.amp:
         raise UsageError(f"--amp-dtype {cfg.amp_dtype} needs --amp")
+    if cfg.eval_draws > 1 and not cfg.evaluate:
+        raise UsageError(f"--eval-draws {cfg.eval_draws} needs --evaluate N (the samples per draw)")
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
     if cfg.xla and cfg.framework != "tensorflow":

@@ -72,6 +72,8 @@ def main(argv=None) -> int:
         print(f"{folder}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
         if draws:
             print(f"{folder}, mean (range) over {args.draws} draws: {evaluation.describe_draws(draws)}")
+        elif args.draws > 1:
+            print(f"{folder}: no draws recorded (no sample metric, or a draw's samples held inf/NaN: see above)")
         measured_images |= "fid" in results
     if args.floor or measured_images:  # every FID is read against the floor at its sample count
         floor = evaluation.real_data_floor(args.samples)
