@@ -126,7 +126,12 @@ def path_text(text: str) -> str:
 def absolute_path_text(text: str) -> str:
     """A path made absolute against the working folder it was typed in: what a run records,
     so that --resume or scripts/evaluate.py from another folder reads the same files."""
-    return os.path.abspath(os.path.expanduser(path_text(text)))  # "~" unexpanded by a shell, too
+    return absolute(path_text(text))
+
+
+def absolute(text: str) -> str:
+    """`text` against the working folder, a "~" that no shell expanded expanded too."""
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def path(text: str) -> Path:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from common import models
+from common import flags, models
 from common.config import POINT_DATASETS, RESUME_KEYS, RunConfig, run_dir_for
 from common.errors import CheckpointError, UsageError, UserError, first_line
 
@@ -166,7 +166,7 @@ def settings_as_today(saved: dict) -> dict:
         saved = {**saved, "ema_decay": 0.0}
     if isinstance(saved.get("data_dir"), str) and not os.path.isabs(saved["data_dir"]):
         # older runs recorded it as typed: read against the working folder, as they were then
-        saved = {**saved, "data_dir": os.path.abspath(os.path.expanduser(saved["data_dir"]))}
+        saved = {**saved, "data_dir": flags.absolute(saved["data_dir"])}
     return saved
 
 
