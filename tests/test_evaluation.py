@@ -56,7 +56,7 @@ def test_one_repeated_digit_covers_one_class_and_scores_badly():
 
 
 class ImagesPickedByNoise:
-    """A stand-in trainer whose 'generator' maps each z to one of a pool of test images: other
+    """A stand-in trainer whose 'generator' maps each z to one of a pool of MNIST images: other
     noise, other samples."""
 
     z_dim = 3
