@@ -28,11 +28,13 @@ class Profiler:
         trace = folder / "trace.json"
         self._profiler.export_chrome_trace(str(trace))
         # Self time, so that the shares add up: on CUDA the kernels' device time, on a CPU the
-        # ops'. On CUDA the op that launched a kernel carries the kernel's time too: kernels only.
+        # ops'. On CUDA the op that launched a kernel carries the kernel's time too: kernels only,
+        # without the GPU spans of annotated regions (the optimizer's step), which hold kernels.
         device = torch.autograd.DeviceType.CUDA if self.cuda else torch.autograd.DeviceType.CPU
         rows = [(event.key, event.count,
                  (event.self_device_time_total if self.cuda else event.self_cpu_time_total) / 1000)
-                for event in self._profiler.key_averages() if event.device_type == device]
+                for event in self._profiler.key_averages()
+                if event.device_type == device and not (self.cuda and event.is_user_annotation)]
         self._profiler = None
         return ([row for row in rows if row[2] > 0],
                 f"Chrome trace in {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
