@@ -557,6 +557,36 @@ def test_compile_trains_like_eager_and_keeps_checkpoints_portable(tmp_path, caps
     assert exit_info.value.code == 2 and "--compile is PyTorch's" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("compiling", [True, False])
+def test_an_error_in_torch_compiles_code_is_one_line_under_compile_and_a_traceback_otherwise(
+        compiling, tmp_path, capsys, monkeypatch):
+    """PyTorch 2.11's inductor fails DCGAN's float32 step on CUDA (tests/test_cuda.py); here a
+    stand-in raises from a file named like inductor's generated code, at the first step."""
+    import torch
+
+    from common.pytorch import session
+    from GAN.vanilla_gan import gan_pytorch
+
+    generated = tmp_path / "torchinductor_user" / "xp" / "cxp.py"
+    generated.parent.mkdir(parents=True)
+    generated.write_text("def call(args):\n    raise AssertionError('expected size 64==64, stride 49==1 at dim=1')\n")
+    namespace = {}
+    exec(compile(generated.read_text(), str(generated), "exec"), namespace)
+    monkeypatch.setattr(session.Session, "train_on", lambda self, batch: namespace["call"](batch))
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda module, *args, **kwargs: None)  # the stand-in compiles
+    argv = ["--out", str(tmp_path / "run"), *TINY, *(["--compile"] if compiling else [])]
+    if not compiling:  # not torch.compile's doing: the error keeps its traceback
+        with pytest.raises(AssertionError):
+            gan_pytorch.main(argv)
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        gan_pytorch.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: torch.compile failed in PyTorch ")
+    assert "(AssertionError: expected size 64==64, stride 49==1 at dim=1); train without --compile" in err
+
 # --- --workers: the host loader --------------------------------------------------------------
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])

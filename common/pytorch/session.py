@@ -4,6 +4,7 @@ twin."""
 from __future__ import annotations
 
 import contextlib
+import traceback
 from pathlib import Path
 from typing import Protocol
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from common import distributed, evaluation, loop
 from common.config import RunConfig
+from common.errors import UserError, described, file_system_problem, out_of_memory_problem
 from common.pytorch import amp
 from common.pytorch import porting as torch_porting
 from common.pytorch.checkpoint import Checkpoints
@@ -152,4 +154,31 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
             # as they are. Static shapes: one graph per input shape (sampling and evaluation run
             # eagerly, see Session._inference).
             module.compile(dynamic=False)
-    return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=runtime.log)
+    with compiler_failures(cfg.compile):
+        return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=runtime.log)
+
+
+# Where torch.compile's errors come from: its tracer, AOT autograd, inductor and the code
+# inductor generated (a file under torchinductor_<user>/).
+COMPILER_FRAMES = ("/torch/_dynamo/", "/torch/_functorch/", "/torch/_inductor/", "/torchinductor_")
+
+
+@contextlib.contextmanager
+def compiler_failures(compiling: bool):
+    """Under --compile, an error raised in torch.compile's own code is one line naming the
+    compiler, not the compiler's traceback. PyTorch 2.11's inductor, for one, mispredicts the
+    strides of DCGAN's transposed convolutions' weight gradients in float32 on CUDA
+    (pytorch/pytorch#171622) and fails at the first step."""
+    try:
+        yield
+    except Exception as error:
+        if (not compiling or isinstance(error, UserError) or out_of_memory_problem(error)
+                or file_system_problem(error) or not raised_by_compiler(error)):
+            raise
+        raise UserError(f"torch.compile failed in PyTorch {torch.__version__} ({described(error)[:200]}); "
+                        "train without --compile") from error
+
+
+def raised_by_compiler(error: BaseException) -> bool:
+    return any(part in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.__traceback__)
+               for part in COMPILER_FRAMES)
