@@ -29,6 +29,9 @@ over N times the one-replica row's. On a CPU every PyTorch process then runs one
 every TensorFlow op one thread, in the one-replica rows too, so the figure is the cost of the
 all-reduces on this machine; on GPUs it is the scaling efficiency. XLA is not measured
 under --distribute (the scripts refuse it).
+A configuration that fails (PyTorch 2.11 cannot compile DCGAN's float32 step on CUDA) says
+why at once and is not run again; the others are measured, the table lists the failures
+under it, and the benchmark ends with exit status 1.
 Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
@@ -88,6 +91,13 @@ def mark_as_benchmark(folder: Path) -> None:
             json.dumps({**config, "benchmark": True}, indent=2, sort_keys=True).encode()))
 
 
+def configuration_name(model: str, framework: str, precision: str, compiled: bool, workers: int,
+                       replicas: int) -> str:
+    compiler = COMPILERS[framework][0]
+    return (f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}"
+            f"{f' {workers} workers' if workers else ''}{f' x{replicas}' if replicas > 1 else ''}")
+
+
 def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, replicas: int, args) -> dict:
     compiler, compiler_flag = COMPILERS[framework] if compiled else ("-", None)
     loader = f"{workers} workers" if workers else "resident"
@@ -105,8 +115,7 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
                "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
                "--workers", str(workers), *distribute, *args.flags]
     load = os.getloadavg()[0]
-    name = (f"{model} {framework} {precision}{f' {compiler}' if compiled else ''}{f' {loader}' if workers else ''}"
-            f"{f' x{replicas}' if replicas > 1 else ''}")
+    name = configuration_name(model, framework, precision, compiled, workers, replicas)
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
     try:
         result = subprocess.run(command, capture_output=True, text=True, env=environment)
@@ -187,11 +196,20 @@ def main(argv=None) -> int:
     for configuration in configurations:  # before the first run, not an hour into them
         check_replaceable(run_folder(*configuration, args))
     runs = {configuration: [] for configuration in configurations}
+    failed = {}  # a configuration that failed once (torch.compile on a model it cannot compile): not run again
     for _ in range(args.repeat):  # round robin: a slow spell of the machine hits every configuration
         for configuration in configurations:
-            runs[configuration].append(measure(*configuration, args))
+            if configuration in failed:
+                continue
+            try:
+                runs[configuration].append(measure(*configuration, args))
+            except UserError as error:  # the others' rows are still worth having
+                failed[configuration] = str(error)
+                print(f"error: {error}", file=sys.stderr, flush=True)
     rows, baselines, single = [], {}, {}
     for (model, framework, precision, compiled, workers, replicas), measured in runs.items():
+        if (model, framework, precision, compiled, workers, replicas) in failed:
+            continue
         measured = sorted(measured, key=lambda row: row["median_step_ms"])
         row = {**measured[len(measured) // 2], "step_ms_runs": [r["median_step_ms"] for r in measured]}
         # the row this model/framework's other rows are compared with
@@ -201,18 +219,23 @@ def main(argv=None) -> int:
             row["speedup"] = baselines[model, framework] / row["median_step_ms"]
         if replicas == 1:
             single[model, framework, precision, compiled, workers] = row
-        else:  # throughput over N one-replica throughputs
+        elif (model, framework, precision, compiled, workers) in single:  # throughput over N one-replica ones
             alone = single[model, framework, precision, compiled, workers]
             row["scaling"] = row["samples_per_s"] / (replicas * alone["samples_per_s"])
         rows.append(row)
     machine = {"platform": platform.platform(), "cpu": cpu.describe(), "iters": args.iters,
                "log_every": args.log_every, "preset": args.preset, "flags": args.flags}
-    table = markdown(rows, machine)
+    failures = [{"configuration": configuration_name(*configuration), "error": error}
+                for configuration, error in failed.items()]
+    table = markdown(rows, machine) + "".join(f"\n\nFailed: {failure['error']}" for failure in failures)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "benchmark.md", lambda f: f.write((table + "\n").encode()))
-    atomic_write(args.out / "benchmark.json",
-                 lambda f: f.write(json.dumps({"machine": machine, "rows": rows}, indent=2).encode()))
+    atomic_write(args.out / "benchmark.json", lambda f: f.write(
+        json.dumps({"machine": machine, "rows": rows, "failed": failures}, indent=2).encode()))
     print(table)
+    if failures:
+        raise UserError(f"{len(failures)} of {len(configurations)} configurations failed (above); "
+                        f"the others are in {args.out / 'benchmark.md'}")
     return 0
 
 

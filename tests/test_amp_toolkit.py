@@ -397,6 +397,40 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys, monkeypat
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
 
 
+def test_benchmark_goes_on_past_a_failed_configuration_and_says_so_at_the_end(tmp_path, capsys, monkeypatch):
+    """PyTorch 2.11 cannot compile DCGAN's float32 step on CUDA: the other rows still come."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch, lambda command, call: 10.0 if "--compile" not in command else 5.0)
+    fake_run = scripts.__call__
+
+    def failing_compiled_fp32(command, **kwargs):
+        if "--compile" in command and "--amp" not in command:
+            return subprocess.CompletedProcess(command, 1, "", "error: torch.compile failed in PyTorch 2.11.0\n")
+        return fake_run(command, **kwargs)
+
+    monkeypatch.setattr(benchmark.subprocess, "run", failing_compiled_fp32)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--iters", "8", "--log-every", "2",
+                        "--compiled", "--repeat", "2", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 1
+    # the failed configuration ran once, not again in the second round
+    assert [line.split(maxsplit=1)[1].split(" (load")[0] for line in out.splitlines()
+            if line.startswith("benchmark: ")] == [
+        "vanilla_gan pytorch fp32", "vanilla_gan pytorch fp32 torch.compile", "vanilla_gan pytorch amp-bf16",
+        "vanilla_gan pytorch amp-bf16 torch.compile", "vanilla_gan pytorch fp32", "vanilla_gan pytorch amp-bf16",
+        "vanilla_gan pytorch amp-bf16 torch.compile"]
+    failure = "vanilla_gan pytorch fp32 torch.compile failed (exit 1): error: torch.compile failed in PyTorch 2.11.0"
+    assert err.splitlines() == [f"error: {failure}", "error: 1 of 4 configurations failed (above); the others are "
+                                f"in {tmp_path / 'benchmark.md'}"]
+    report = json.loads((tmp_path / "benchmark.json").read_text())
+    assert [(row["precision"], row["compiler"], row.get("speedup")) for row in report["rows"]] == [
+        ("fp32", "-", None), ("amp-bf16", "-", 1.0), ("amp-bf16", "torch.compile", 2.0)]
+    assert report["failed"] == [{"configuration": "vanilla_gan pytorch fp32 torch.compile", "error": failure}]
+    assert (tmp_path / "benchmark.md").read_text().endswith(f"\n\nFailed: {failure}\n")
+
+
 def test_benchmark_runs_where_the_user_is(tmp_path, capsys, monkeypatch):
     """A relative --out means the same folder to benchmark.py and to the scripts it runs (they
     once ran in the checkout: a run there of the same name was replaced)."""
