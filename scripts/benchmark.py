@@ -29,9 +29,10 @@ over N times the one-replica row's. On a CPU every PyTorch process then runs one
 every TensorFlow op one thread, in the one-replica rows too, so the figure is the cost of the
 all-reduces on this machine; on GPUs it is the scaling efficiency. XLA is not measured
 under --distribute (the scripts refuse it).
-A configuration that fails (PyTorch 2.11 cannot compile DCGAN's float32 step on CUDA) says
-why at once and is not run again; the others are measured, the table lists the failures
-under it, and the benchmark ends with exit status 1.
+A configuration that fails (on CUDA, PyTorch 2.11 cannot compile DCGAN's step: README) says
+why at once and is not run again (under --repeat its earlier runs still make its row); the
+others are measured, the table lists the failures under it, and the benchmark ends with exit
+status 1.
 Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
@@ -122,8 +123,8 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     finally:  # a failed or interrupted run too: the next benchmark may replace it
         mark_as_benchmark(folder)
     if result.returncode != 0:
-        raise UserError(f"{name} failed (exit {result.returncode}): "
-                        f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"{name} failed (exit {result.returncode}): {last.removeprefix('error: ')}")
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     return {"model": model, "framework": framework, "precision": config["precision"],
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
                 print(f"error: {error}", file=sys.stderr, flush=True)
     rows, baselines, single = [], {}, {}
     for (model, framework, precision, compiled, workers, replicas), measured in runs.items():
-        if (model, framework, precision, compiled, workers, replicas) in failed:
+        if not measured:  # it failed in the first round; one that failed later keeps the runs it made
             continue
         measured = sorted(measured, key=lambda row: row["median_step_ms"])
         row = {**measured[len(measured) // 2], "step_ms_runs": [r["median_step_ms"] for r in measured]}

@@ -154,7 +154,7 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
             # as they are. Static shapes: one graph per input shape (sampling and evaluation run
             # eagerly, see Session._inference).
             module.compile(dynamic=False)
-    with compiler_failures(cfg.compile):
+    with compiler_failures(cfg.compile, quiet=not replicas.writer):
         return loop.train(cfg, run, Session(trainer, data, runtime), len(data), log=runtime.log)
 
 
@@ -164,11 +164,12 @@ COMPILER_FRAMES = ("/torch/_dynamo/", "/torch/_functorch/", "/torch/_inductor/",
 
 
 @contextlib.contextmanager
-def compiler_failures(compiling: bool):
-    """Under --compile, an error raised in torch.compile's own code is one line naming the
-    compiler, not the compiler's traceback. PyTorch 2.11's inductor, for one, mispredicts the
-    strides of DCGAN's transposed convolutions' weight gradients in float32 on CUDA
-    (pytorch/pytorch#171622) and fails at the first step."""
+def compiler_failures(compiling: bool, quiet: bool = False):
+    """Under --compile, an error of torch.compile's own is one line naming the compiler, not
+    the compiler's traceback. PyTorch 2.11's inductor, for one, mispredicts the strides of a
+    transposed convolution's weight gradient on CUDA (pytorch/pytorch#171622) and fails
+    DCGAN's first step (in float32; at 64x64 in float16 too). An error the model's own code
+    raises inside a compiled network keeps its traceback."""
     try:
         yield
     except Exception as error:
@@ -176,9 +177,15 @@ def compiler_failures(compiling: bool):
                 or file_system_problem(error) or not raised_by_compiler(error)):
             raise
         raise UserError(f"torch.compile failed in PyTorch {torch.__version__} ({described(error)[:200]}); "
-                        "train without --compile") from error
+                        "train without --compile", quiet=quiet) from error
 
 
 def raised_by_compiler(error: BaseException) -> bool:
-    return any(part in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(error.__traceback__)
-               for part in COMPILER_FRAMES)
+    """Dynamo's own exceptions (a backend that failed to compile, say), or an error raised in
+    the compiler's code or the code it generated: the innermost frame, not any frame, since
+    every call of a compiled network passes through Dynamo's."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    frames = traceback.extract_tb(error.__traceback__)
+    return isinstance(error, TorchDynamoException) or bool(
+        frames and any(part in frames[-1].filename.replace("\\", "/") for part in COMPILER_FRAMES))
