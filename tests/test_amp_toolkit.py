@@ -603,7 +603,6 @@ def test_compile_trains_like_eager_and_keeps_checkpoints_portable(tmp_path, caps
     assert exit_info.value.code == 2 and "--compile is PyTorch's" in capsys.readouterr().err
 
 
-
 def load_as(path: Path, source: str) -> dict:
     """Functions whose frames carry `path` as their file, like the module there would."""
     path.parent.mkdir(parents=True, exist_ok=True)
