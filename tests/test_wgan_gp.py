@@ -13,6 +13,7 @@ import tensorflow as tf
 import torch
 from torch import nn
 
+from common.config import LOSS_SCALE_INIT
 from GAN.wgan_gp import hparams, wgan_gp_pytorch, wgan_gp_tensorflow
 
 SCRIPTS = {"pytorch": wgan_gp_pytorch, "tensorflow": wgan_gp_tensorflow}
@@ -197,6 +198,7 @@ def test_float16_loss_scale_holds_over_200_steps_on_the_ring(framework, tmp_path
         torch.set_num_threads(threads)
     rows = history(out)
     assert len(rows) == 20 and json.loads((out / "config.json").read_text())["precision"] == "amp-fp16"
+    assert rows[0]["loss_scale"] < LOSS_SCALE_INIT and rows[0]["skipped"] > 0  # it backed off, skipping
     assert min(row["loss_scale"] for row in rows) >= 2**10
     assert all(math.isfinite(row["g_loss"]) for row in rows)
     assert math.isfinite(rows[-1]["d_loss"]) and math.isfinite(rows[-1]["penalty"])
