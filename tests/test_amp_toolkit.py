@@ -837,7 +837,7 @@ def test_amp_gradients_measures_at_a_trained_runs_weights(framework, tmp_path):
         else:  # Keras' Dense kernels are (in, out), PyTorch's weights (out, in)
             keys = sorted(k for k in saved if k.startswith(f"module/{name}/"))
             expected = [saved[k].T if saved[k].ndim == 2 else saved[k] for k in keys]
-        assert len(loaded) == len(expected) > 0, name  # a renamed key would leave nothing to compare
+        assert len(loaded) == len(expected) > 0, name  # a renamed Keras key would leave nothing to compare
         for a, b in zip(loaded, expected):
             np.testing.assert_array_equal(a, b)
 

@@ -125,7 +125,7 @@ def test_float32_pytorch_weights_do_not_depend_on_the_thread_count(tmp_path):
     vanilla GAN's 64x784 @ 784x128 differs between 1 and 2 threads in its last bits), and MKL may
     run fewer threads than asked when the machine is busy: same-seed runs once ended with other
     weights. The runtime turns on MKL's strict reproducible mode, so 1 and 2 threads agree.
-    Where the CPU's GEMM agrees at 1 and 2 threads without it (an AMD EPYC), there is nothing to
+    Where the CPU's GEMM agrees at 1 and 2 threads without it (the Zen 4 EPYC), there is nothing to
     show, and the test says so instead of passing."""
     import os
     import subprocess
