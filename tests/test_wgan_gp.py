@@ -263,10 +263,14 @@ def test_a_batch_size_that_is_not_a_multiple_of_five_is_refused(framework, tmp_p
     assert len(err.strip().splitlines()) == 1
 
 
-def test_defaults_are_the_papers():
+def test_defaults_are_the_papers_but_mnists_rate_and_budget():
+    """The paper's betas, lambda, critic updates and batches everywhere, and its Adam 1e-4 on the
+    2-D mixtures; MNIST trains at 7e-4 for 3,500 iterations (hparams.py says why)."""
     defaults = hparams.DEFAULTS
-    assert (defaults["lr"], defaults["beta1"], defaults["beta2"]) == (1e-4, 0.0, 0.9)
+    assert (defaults["beta1"], defaults["beta2"]) == (0.0, 0.9)
     assert hparams.LAMBDA == 10 and hparams.CRITIC_STEPS == 5 and defaults["batch_size"] == 5 * 64
+    assert (defaults["lr"], defaults["iters"]) == (7e-4, 3500)
+    assert [hparams.DATASET_DEFAULTS[name]["lr"] for name in ("ring8", "grid25")] == [1e-4, 1e-4]
     assert hparams.point_units(hparams.WIDTH) == 512
 
 

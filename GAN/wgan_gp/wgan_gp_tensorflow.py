@@ -7,8 +7,8 @@ A critic f scores real examples high and fake ones low; it minimises
     E[f(G(z))] - E[f(x)] + lambda * E[(||grad f(x_hat)|| - 1)^2],
 with x_hat = eps * x + (1 - eps) * G(z), eps ~ U(0, 1) per example, and the gradient's norm
 taken per example over all its pixels. G minimises -E[f(G(z))]. Images: DCGAN's generator
-and the DCGAN paper's discriminator without batch norm as the critic; 2-D points: MLPs of 3 hidden
-ReLU layers. The last layer of each is built with dtype="float32"; losses are float32.
+and, as the critic, the DCGAN paper's discriminator without batch norm; 2-D points: MLPs of
+3 hidden ReLU layers. The last layer of each is built with dtype="float32"; losses are float32.
 
 --batch-size counts the examples of one generator iteration: 5 critic batches. Each
 iteration splits the loop's batch into hparams.CRITIC_STEPS critic batches and updates the
@@ -59,7 +59,7 @@ def conv() -> dict:
 
 def make_critic(image_shape: tuple, width: int) -> keras.Model:
     """The DCGAN paper's discriminator without batch norm (biases instead; hparams.py says why
-    not GAN/dcgan's, with 3x3 convolutions): strided convolutions with
+    it leaves out GAN/dcgan's 3x3 convolutions): strided convolutions with
     LeakyReLU 0.2 down to one unbounded score, the last layer in float32."""
     height, image_width, _ = image_shape
     base, downsamplings = dcgan_hparams.geometry(height, image_width)
