@@ -173,17 +173,6 @@ def test_a_datasets_own_defaults_sit_between_the_models_and_the_command_line(mod
     assert (overridden.iters, overridden.lr, overridden.ema_decay) == (7, hparams.DEFAULTS["lr"], 0.0)
 
 
-def test_wgan_gp_trains_mnist_at_its_own_rate_and_the_mixtures_at_the_papers():
-    """hparams.DATASET_DEFAULTS at work for WGAN-GP: MNIST trains at Adam 7e-4 for 3,500
-    iterations, the 2-D mixtures at the paper's 1e-4 for 2,000, the rate their README rows used.
-    Both sample from G itself."""
-    mnist = parse_args("wgan_gp", "pytorch", [])
-    assert (mnist.lr, mnist.iters, mnist.ema_decay) == (7e-4, 3500, 0.0)
-    for dataset in ("ring8", "grid25"):
-        points = parse_args("wgan_gp", "tensorflow", ["--dataset", dataset])
-        assert (points.lr, points.iters, points.ema_decay, points.beta1) == (1e-4, 2000, 0.0, 0.0)
-
-
 def test_a_dataset_default_that_names_no_setting_is_a_programming_error(monkeypatch):
     monkeypatch.setattr(hparams, "DATASET_DEFAULTS", {"ring8": {"iterations": 5}})
     with pytest.raises(ValueError, match="iterations"):
