@@ -117,10 +117,10 @@ def gradient_penalty(critic: nn.Module, real, fake, eps, scaler: torch.amp.GradS
     return (norm - 1.0).square().mean()
 
 
-def critic_loss(real_scores, fake_scores, penalty):
+def critic_loss(real_scores, fake_scores, penalty, penalty_weight):
     """E[f(G(z))] - E[f(x)] + lambda * penalty: the critic's estimate of the Wasserstein
-    distance, negated, plus the penalty."""
-    return fake_scores.float().mean() - real_scores.float().mean() + hparams.LAMBDA * penalty.float()
+    distance, negated, plus the penalty (lambda: hparams.penalty_weight)."""
+    return fake_scores.float().mean() - real_scores.float().mean() + penalty_weight * penalty.float()
 
 
 def generator_loss(fake_scores):
@@ -137,6 +137,7 @@ class WGANGP(GAN):
         super().__init__(generator, critic, critic_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
         self.critic, self.critic_optimizer = self.discriminator, self.d_optimizer
         self.parallel_critic = self.parallel_discriminator  # DDP under torchrun (GAN.__init__)
+        self.penalty_weight = hparams.penalty_weight(data.sample_shape)  # lambda: 10 on images, 0.1 on points
 
     def train_step(self, real: torch.Tensor) -> dict:
         device, autocast_on = real.device, self.amp_dtype is not None
@@ -152,7 +153,7 @@ class WGANGP(GAN):
                     fake = self.generator(z)
                 real_scores, fake_scores = self.parallel_critic(real_part), self.parallel_critic(fake)
                 penalty = gradient_penalty(self.parallel_critic, real_part, fake, eps, self.scaler)
-                c_loss = critic_loss(real_scores, fake_scores, penalty)
+                c_loss = critic_loss(real_scores, fake_scores, penalty, self.penalty_weight)
             self.critic_optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(c_loss).backward()
             if self.clip_grad_norm:

@@ -115,11 +115,11 @@ def gradient_penalty(critic: keras.Model, real, fake, eps, optimizer, unscale=Tr
     return tf.reduce_mean(tf.square(norm - 1.0))
 
 
-def critic_loss(real_scores, fake_scores, penalty):
+def critic_loss(real_scores, fake_scores, penalty, penalty_weight):
     """E[f(G(z))] - E[f(x)] + lambda * penalty: the critic's estimate of the Wasserstein
-    distance, negated, plus the penalty."""
+    distance, negated, plus the penalty (lambda: hparams.penalty_weight)."""
     return (tf.reduce_mean(tf.cast(fake_scores, tf.float32)) - tf.reduce_mean(tf.cast(real_scores, tf.float32))
-            + hparams.LAMBDA * tf.cast(penalty, tf.float32))
+            + penalty_weight * tf.cast(penalty, tf.float32))
 
 
 def generator_loss(fake_scores):
@@ -136,6 +136,7 @@ class WGANGP(GAN):
     def __init__(self, generator: keras.Model, critic: keras.Model, cfg, runtime: Runtime, data):
         super().__init__(generator, critic, critic_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
         self.critic, self.critic_optimizer = self.discriminator, self.d_optimizer
+        self.penalty_weight = hparams.penalty_weight(data.sample_shape)  # lambda: 10 on images, 0.1 on points
 
     def train_step(self, real):
         generator, critic = self.generator, self.critic
@@ -150,7 +151,7 @@ class WGANGP(GAN):
             with tf.GradientTape() as critic_tape:
                 real_scores, fake_scores = critic(real_part, training=True), critic(fake, training=True)
                 penalty = gradient_penalty(critic, real_part, fake, eps, self.critic_optimizer)
-                c_loss = critic_loss(real_scores, fake_scores, penalty)
+                c_loss = critic_loss(real_scores, fake_scores, penalty, self.penalty_weight)
                 scaled_c_loss = self.critic_optimizer.scale_loss(self.replicas.share(c_loss))
             c_gradients = critic_tape.gradient(scaled_c_loss, c_variables)
             self.critic_optimizer.apply_gradients(zip(c_gradients, c_variables))  # unscales; skips on inf/NaN
