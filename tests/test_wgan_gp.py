@@ -196,7 +196,7 @@ def test_keras_float16_penalty_and_critic_gradients_equal_float32(shape):
 def test_float16_loss_scale_holds_over_200_steps_on_the_ring(framework, tmp_path):
     """200 generator iterations (1,200 optimizer steps) of the MLPs on ring8 in float16 (emulated
     on CPU): the scale backs off from 2**16, skipping those steps, but never falls below 2**10.
-    A row's mean critic loss is inf where a step of it overflowed, finite elsewhere."""
+    A row's mean critic loss is inf or NaN where a step of it overflowed, finite elsewhere."""
     threads = torch.get_num_threads()
     if framework == "pytorch":  # MLPs this small gain nothing from a second thread, which on a
         torch.set_num_threads(1)  # busy 2-core machine made the test 7x slower
