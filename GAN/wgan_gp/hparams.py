@@ -59,10 +59,13 @@ DEFAULTS = dict(
     checkpoint_every=1000,
 )
 
-# The 2-D mixtures keep the paper's rate, the one the README's mixture rows used, and the
-# former 2,000 iterations (README, "WGAN-GP").
-_PAPER_POINTS = dict(iters=2000, lr=1e-4)
-DATASET_DEFAULTS = {"ring8": _PAPER_POINTS, "grid25": _PAPER_POINTS}
+# The 2-D mixtures: the ring trains 8,000 iterations at Adam 3e-4 with the authors' toy code's
+# beta1 0.5, which took the samples within 3 sd of a mode from 0.8% (the paper's 1e-4 and beta1
+# 0 for 2,000 iterations) to 40% in PyTorch and 27% in TensorFlow (float32, seed 0; AMP 43% and
+# 23%; README, "WGAN-GP"). The grid keeps the paper's rate for 2,000 iterations: at the ring's
+# settings one PyTorch run found 24 of 25 modes with 4.6%, its other runs not yet measured.
+DATASET_DEFAULTS = {"ring8": dict(iters=8000, lr=3e-4, beta1=0.5, sample_every=2000),
+                    "grid25": dict(iters=2000, lr=1e-4)}
 
 
 def penalty_weight(data_shape: tuple) -> float:
