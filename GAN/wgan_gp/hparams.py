@@ -26,7 +26,7 @@ LAMBDA = 10.0  # weight of the gradient penalty on images
 # On the 2-D mixtures, the weight the authors' own toy code uses (gan_toy.py of the WGAN-GP
 # release: "smaller lambda seems to help for toy tasks specifically"). At 10 the MLPs covered
 # 0-1 of the ring's 8 modes in 1,000 iterations and 0 in 4,000; at 0.1, 4-5 in 1,000 and 7-8
-# in 2,000 (README, "WGAN-GP").
+# in 2,000 (both at Adam 1e-4, beta1 0; README, "WGAN-GP").
 POINT_LAMBDA = 0.1
 NORM_EPSILON = 1e-12  # inside the square root of the gradient norm: sqrt(0) has no gradient
 LEAKY_SLOPE = dcgan.LEAKY_SLOPE  # the convolutional critic's LeakyReLU (0.2)
