@@ -153,6 +153,35 @@ def test_evaluate_flag_measures_at_the_end_of_training(script, tmp_path):
     assert 0 <= metrics["precision"] <= 1 and 0 <= metrics["recall"] <= 1
 
 
+class PointsOnThreeRingModes:
+    """A stand-in 2-D 'generator': four samples in five sit exactly on one of the ring's first
+    three means, the fifth halfway between two neighbouring means (0.38 from each, where a
+    high-quality sample lies within 3 sd = 0.03)."""
+
+    z_dim = 2
+
+    def __init__(self):
+        self.calls = 0
+
+    def sample(self, z):
+        index = np.arange(self.calls, self.calls + len(z))
+        self.calls += len(z)
+        means = datasets.RING8_MEANS
+        between = 0.5 * (means[0] + means[1])
+        return np.where((index % 5 == 4)[:, None], between, means[index % 3]).astype(np.float32)
+
+
+def test_mixture_figures_judge_2500_samples_against_the_runs_own_mixture():
+    quiet = lambda *_: None
+    on_the_ring = PointsOnThreeRingModes()
+    results = evaluation.evaluate(config(dataset="ring8", evaluate=10000), on_the_ring, log=quiet)
+    assert results == {"samples": 2500, "modes_covered": 3, "high_quality": 0.8}
+    assert on_the_ring.calls == 2500  # the protocol's count, whatever --evaluate asks
+    # the same points judged against the grid of 25 (means 2 apart, sd 0.05): none is near one
+    results = evaluation.evaluate(config(dataset="grid25", evaluate=10000), PointsOnThreeRingModes(), log=quiet)
+    assert results == {"samples": 2500, "modes_covered": 0, "high_quality": 0.0}
+
+
 def test_mixture_runs_report_modes(tmp_path):
     out = tmp_path / "ring"
     gan_pytorch.main(["--out", str(out), *TINY, "--dataset", "ring8", "--evaluate", "10000"])
