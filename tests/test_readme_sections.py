@@ -1,0 +1,51 @@
+"""The README's cross references lead somewhere: `section "DCGAN"` in the README, and
+`README, "WGAN-GP"` in a comment or docstring of the code, each name one of the README's
+headings (or a heading's start, before its colon, comma or bracket). A renamed heading fails
+here, not on a reader who looks for it."""
+import re
+
+from tests.conftest import REPO
+
+README = (REPO / "README.md").read_text()
+IN_README = re.compile(r"\bsections?\s+\"([^\"]+)\"", re.IGNORECASE)
+IN_CODE = re.compile(r"\bREADME(?:\.md)?,?\s+(?:section\s+)?\"([^\"]+)\"")
+
+
+def plain(text: str) -> str:
+    return text.replace("`", "").strip().lower()
+
+
+HEADINGS = [plain(line.lstrip("#")) for line in README.splitlines() if re.match(r"#{1,6} ", line)]
+
+
+def names_a_heading(reference: str) -> bool:
+    reference = plain(reference)
+    return any(heading == reference or any(heading.startswith(reference + end) for end in (":", ",", " ("))
+               for heading in HEADINGS)
+
+
+def one_line(text: str) -> str:
+    """Text with its line breaks, and the comment signs that continue a comment, made spaces."""
+    return re.sub(r"\s*\n\s*(?:#\s*)?", " ", text)
+
+
+def test_the_check_knows_a_heading_from_a_stale_name():
+    assert names_a_heading("DCGAN") and names_a_heading("what moved the FID")
+    assert names_a_heading("Side by side") and names_a_heading("What --amp does")
+    assert not names_a_heading("DCGANs") and not names_a_heading("Side")
+
+
+def test_every_section_the_readme_names_is_one_of_its_headings():
+    references = IN_README.findall(one_line(README))
+    assert len(references) >= 20  # the pattern still finds them
+    assert [name for name in references if not names_a_heading(name)] == []
+
+
+def test_every_readme_section_the_code_names_is_one_of_its_headings():
+    references = []
+    for path in sorted(REPO.glob("**/*.py")):
+        if any(part.startswith(".") for part in path.relative_to(REPO).parts):
+            continue  # .venv and the like
+        references += [(str(path.relative_to(REPO)), name) for name in IN_CODE.findall(one_line(path.read_text()))]
+    assert len(references) >= 5
+    assert [(path, name) for path, name in references if not names_a_heading(name)] == []
