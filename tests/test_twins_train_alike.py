@@ -100,12 +100,11 @@ def twins(model: str):
 
 
 def weights(framework: str, network) -> list[np.ndarray]:
-    """Every weight and batch-norm mean, copied. Not the batch-norm running variances: PyTorch
-    moves them by the unbiased batch variance, Keras by the biased one (README, "PyTorch vs TensorFlow")."""
+    """Every weight, batch-norm running statistics included, copied (the Keras twins' batch
+    norm moves the running variance by the unbiased batch variance, as PyTorch's does)."""
     exported = (torch_porting.export_weights(network, SHAPE) if framework == "pytorch"
                 else keras_porting.export_weights(network))
-    return [np.array(values) for kind, layer in exported
-            for values in (layer[:3] if kind == "BatchNormalization" else layer)]
+    return [np.array(values) for _, layer in exported for values in layer]
 
 
 def assert_same_but_for_sign_flips(torch_values, keras_values, lr, what):

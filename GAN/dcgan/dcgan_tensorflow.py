@@ -8,7 +8,9 @@ G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU), each 
 a 3x3 convolution at its resolution -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
 The last layer of each is built with dtype="float32"; images stay NHWC, TensorFlow's native
-layout. Shapes below are (H x W x channels) for 28x28 MNIST at the default width.
+layout. Batch norm is common/tensorflow/layers.py's: TensorFlow's fused kernel, with the
+running variance moved as PyTorch moves it. Shapes below are (H x W x channels) for 28x28
+MNIST at the default width.
 
 The training step, with its GradientTape, scale_loss and apply_gradients calls, is
 GAN/gan_step_tensorflow.py, shared with the other GANs. The PyTorch twin is dcgan_pytorch.py;
@@ -27,6 +29,7 @@ from keras import layers
 
 from common.config import parse_args
 from common.errors import exit_on_user_error
+from common.tensorflow.layers import BatchNormalization
 from GAN import gan_step_tensorflow as gan_step
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
@@ -40,8 +43,8 @@ def conv() -> dict:
     return dict(use_bias=False, kernel_initializer=keras.initializers.RandomNormal(0.0, hparams.INIT_STD))
 
 
-def batch_norm() -> layers.BatchNormalization:
-    return layers.BatchNormalization(
+def batch_norm() -> BatchNormalization:
+    return BatchNormalization(
         momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON,
         gamma_initializer=keras.initializers.RandomNormal(1.0, hparams.INIT_STD))
 

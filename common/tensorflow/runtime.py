@@ -43,13 +43,20 @@ def describe_tensorflow() -> str:
     what a run's first line says in place of TensorFlow's start-up log (common/quiet.py)."""
     found = Counter(device.device_type for device in tf.config.list_physical_devices())
     devices = " + ".join(f"{count} {kind}" for kind, count in found.items())
-    try:
-        from tensorflow.python.util import _pywrap_util_port  # what port.cc's notice used to say
-        onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
-    except (ImportError, AttributeError):
-        onednn = "?"
+    onednn = {True: "on", False: "off", None: "?"}[onednn_enabled()]
     return (f"tensorflow {tf.__version__} (keras {keras.__version__}), sees {devices}, oneDNN {onednn}, "
             f"{quiet.describe_log_level()}")
+
+
+def onednn_enabled() -> bool | None:
+    """Whether TensorFlow's CPU kernels are oneDNN's (what port.cc's start-up notice used to
+    say): by default on CPUs with AVX512 features, off on AVX2-only ones, and
+    TF_ENABLE_ONEDNN_OPTS=0/1 decides. None where this build does not say."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
 
 
 class Noise:

@@ -1,0 +1,118 @@
+"""The Keras twins' batch norm (common/tensorflow/layers.py) trains as PyTorch's BatchNorm2d
+does, through TensorFlow's fused kernel and through the ops that run where oneDNN is off:
+the same outputs and gradients, and running statistics moved by the unbiased variance."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from common.tensorflow.layers import BatchNormalization
+from GAN.dcgan import dcgan_tensorflow, hparams
+
+# 4 images of 3x3: 36 values a channel, so the unbiased variance is 36/35 of the biased one
+SHAPE = (4, 3, 3, 5)
+STEPS = 3
+
+
+def torch_training(images, gamma, beta):
+    """PyTorch's outputs, gradients and running statistics after STEPS training calls."""
+    layer = torch.nn.BatchNorm2d(SHAPE[-1], eps=hparams.BN_EPSILON, momentum=hparams.BN_MOMENTUM)
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(gamma))
+        layer.bias.copy_(torch.from_numpy(beta))
+    for batch in images:
+        x = torch.from_numpy(batch).permute(0, 3, 1, 2).requires_grad_()
+        y = layer(x)
+        (y * y.detach().sin()).sum().backward()  # any loss with unequal weights on the outputs
+    return dict(y=y.detach().permute(0, 2, 3, 1).numpy(), dx=x.grad.permute(0, 2, 3, 1).numpy(),
+                dgamma=layer.weight.grad.numpy() / STEPS, dbeta=layer.bias.grad.numpy() / STEPS,
+                mean=layer.running_mean.numpy(), variance=layer.running_var.numpy())
+
+
+def keras_training(images, gamma, beta, fused: bool):
+    layer = BatchNormalization(momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+    layer.build(SHAPE)
+    layer.gamma.assign(gamma)
+    layer.beta.assign(beta)
+    layer.use_fused_kernel = fused
+    dgamma, dbeta = 0.0, 0.0
+    for batch in images:
+        x = tf.constant(batch)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * tf.sin(tf.stop_gradient(y)))
+        dx, dg, db = tape.gradient(loss, [x, layer.gamma, layer.beta])
+        dgamma, dbeta = dgamma + dg.numpy() / STEPS, dbeta + db.numpy() / STEPS
+    return dict(y=y.numpy(), dx=dx.numpy(), dgamma=dgamma, dbeta=dbeta,
+                mean=layer.moving_mean.numpy(), variance=layer.moving_variance.numpy())
+
+
+@pytest.fixture
+def batches():
+    rng = np.random.default_rng(0)
+    images = (rng.standard_normal((STEPS, *SHAPE)) * 3 + 2).astype(np.float32)
+    gamma = rng.uniform(0.5, 1.5, SHAPE[-1]).astype(np.float32)
+    beta = rng.uniform(-0.5, 0.5, SHAPE[-1]).astype(np.float32)
+    return images, gamma, beta
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused kernel", "ops"])
+def test_batch_norm_trains_as_pytorchs_does(batches, fused):
+    expected = torch_training(*batches)
+    got = keras_training(*batches, fused=fused)
+    for key in expected:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+def test_keras_own_batch_norm_moves_the_running_variance_by_the_biased_one(batches):
+    """What the class changes: Keras' layer is 35/36 of PyTorch's running variance's move here."""
+    images, gamma, beta = batches
+    expected = torch_training(images, gamma, beta)
+    layer = keras.layers.BatchNormalization(momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+    for batch in images:
+        layer(tf.constant(batch), training=True)
+    moved, expected_move = 1 - layer.moving_variance.numpy(), 1 - expected["variance"]
+    assert not np.allclose(moved, expected_move, rtol=1e-3)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused kernel", "ops"])
+def test_batch_norm_takes_bfloat16_inputs_and_gives_bfloat16_outputs(batches, fused):
+    images, gamma, beta = batches
+    expected = keras_training(images[:1], gamma, beta, fused=fused)
+    layer = BatchNormalization(momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON,
+                               dtype="mixed_bfloat16")
+    layer.build(SHAPE)
+    layer.gamma.assign(gamma)
+    layer.beta.assign(beta)
+    layer.use_fused_kernel = fused
+    y = layer(tf.cast(images[0], tf.bfloat16), training=True)
+    assert y.dtype == tf.bfloat16 and layer.moving_variance.dtype == "float32"
+    # the inputs' bfloat16 rounding (2^-8 relative) and the outputs'
+    np.testing.assert_allclose(tf.cast(y, tf.float32).numpy(), expected["y"], atol=0.05)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), expected["variance"], rtol=1e-2)
+
+
+def test_inference_and_sync_bn_are_keras_own(batches):
+    """Outside training the running statistics normalise, as in Keras' layer; --sync-bn's
+    all-reduced statistics are Keras' (with one replica, the batch's own)."""
+    images, gamma, beta = batches
+    layer = BatchNormalization(epsilon=hparams.BN_EPSILON)
+    layer.build(SHAPE)
+    layer.moving_mean.assign(np.full(SHAPE[-1], 2.0, np.float32))
+    layer.moving_variance.assign(np.full(SHAPE[-1], 4.0, np.float32))
+    y = layer(tf.constant(images[0]), training=False).numpy()
+    np.testing.assert_allclose(y, (images[0] - 2.0) / np.sqrt(4.0 + hparams.BN_EPSILON), rtol=1e-5, atol=1e-6)
+
+    layer.synchronized = True
+    y = layer(tf.constant(images[0]), training=True).numpy()
+    mean, variance = images[0].mean(axis=(0, 1, 2)), images[0].var(axis=(0, 1, 2))
+    np.testing.assert_allclose(y, (images[0] - mean) / np.sqrt(variance + hparams.BN_EPSILON), rtol=1e-4, atol=1e-4)
+
+
+def test_dcgans_keras_networks_use_it():
+    networks = dcgan_tensorflow.build_networks((28, 28, 1), 8)
+    norms = [layer for network in networks.values() for layer in network.layers
+             if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(norms) == 7 and all(isinstance(layer, BatchNormalization) for layer in norms)
