@@ -94,10 +94,8 @@ def test_batch_norm_takes_bfloat16_inputs_and_gives_bfloat16_outputs(batches, fu
     np.testing.assert_allclose(layer.moving_variance.numpy(), expected["variance"], rtol=1e-2)
 
 
-def test_inference_and_sync_bn_are_keras_own(batches):
-    """Outside training the running statistics normalise, as in Keras' layer; --sync-bn's
-    all-reduced statistics are Keras' (with one replica, the batch's own)."""
-    images, gamma, beta = batches
+def test_inference_normalises_by_the_running_statistics(batches):
+    images, _, _ = batches
     layer = BatchNormalization(epsilon=hparams.BN_EPSILON)
     layer.build(SHAPE)
     layer.moving_mean.assign(np.full(SHAPE[-1], 2.0, np.float32))
@@ -105,10 +103,24 @@ def test_inference_and_sync_bn_are_keras_own(batches):
     y = layer(tf.constant(images[0]), training=False).numpy()
     np.testing.assert_allclose(y, (images[0] - 2.0) / np.sqrt(4.0 + hparams.BN_EPSILON), rtol=1e-5, atol=1e-6)
 
-    layer.synchronized = True
-    y = layer(tf.constant(images[0]), training=True).numpy()
-    mean, variance = images[0].mean(axis=(0, 1, 2)), images[0].var(axis=(0, 1, 2))
-    np.testing.assert_allclose(y, (images[0] - mean) / np.sqrt(variance + hparams.BN_EPSILON), rtol=1e-4, atol=1e-4)
+
+def test_sync_bn_trains_as_pytorch_too(batches):
+    """--sync-bn takes the all-reduced moments (tests/test_tf_distribute.py trains on two
+    replicas); with one replica they are the batch's own, and the running variance moves by the
+    unbiased one, as in PyTorch's SyncBatchNorm, where Keras' own synchronized layer moves it by
+    the biased one."""
+    expected = torch_training(*batches)
+    for fused in (True, False):
+        layer = BatchNormalization(momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+        layer.use_fused_kernel = fused
+        layer.synchronized = True
+        layer.build(SHAPE)
+        layer.gamma.assign(batches[1])
+        layer.beta.assign(batches[2])
+        for batch in batches[0]:
+            y = layer(tf.constant(batch), training=True)
+        np.testing.assert_allclose(y.numpy(), expected["y"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(layer.moving_variance.numpy(), expected["variance"], rtol=1e-6)
 
 
 def test_dcgans_keras_networks_use_it():
