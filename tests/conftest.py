@@ -23,10 +23,13 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _float32_keras_policy():
     """A TensorFlow script run in-process under --amp leaves Keras' global policy mixed: a later
-    test that builds Keras networks itself (parity, averages) would build them in 16 bits."""
+    test that builds Keras networks itself (parity, averages) would build them in 16 bits. Under
+    float16 it also leaves Grappler's remapper off (common/tensorflow/runtime.py): back on."""
     yield
     if "keras" in sys.modules:
         sys.modules["keras"].mixed_precision.set_global_policy("float32")
+    if "tensorflow" in sys.modules:
+        sys.modules["tensorflow"].config.optimizer.set_experimental_options({"remapping": True})
 
 
 def pytest_collection_modifyitems(config, items):

@@ -109,3 +109,21 @@ def test_loss_scale_optimizer_skips_the_step_and_halves_the_scale():
                    for b, a in zip(d_before, gan.discriminator.trainable_variables))
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bfloat16", "float16"])
+def test_tensorflow_float16_on_a_onednn_cpu_runs_without_the_remappers_fused_matmul(precision):
+    """Where a CPU has AVX512-FP16, TensorFlow 2.21's oneDNN runs Grappler's fused float16
+    MatMul+BiasAdd with its reference kernel (the vanilla GAN's step 1.6 s instead of 21 ms on
+    an Intel Xeon with AMX), so setup() turns the remapper off for float16 where oneDNN runs
+    and on for everything else. Each case starts from the other setting, so setup() must set it."""
+    import tensorflow as tf
+
+    from common.tensorflow.runtime import onednn_enabled, setup
+
+    cfg = RunConfig(model="vanilla_gan", framework="tensorflow", amp=precision != "fp32",
+                    amp_dtype="auto" if precision == "fp32" else precision, device="cpu")
+    remapper_off = precision == "float16" and bool(onednn_enabled())
+    tf.config.optimizer.set_experimental_options({"remapping": remapper_off})
+    setup(cfg, log=lambda *_: None)
+    assert tf.config.optimizer.get_experimental_options()["remapping"] is not remapper_off

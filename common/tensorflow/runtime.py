@@ -328,6 +328,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     keras.utils.set_random_seed(cfg.seed)  # Python, numpy and TensorFlow
     tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
     keras.mixed_precision.set_global_policy(amp.POLICIES[precision])  # before any layer is built
+    tf.config.optimizer.set_experimental_options({"remapping": not fuses_float16_slowly(precision, device_type)})
     warn_if_bf16_emulated(precision, device_type, log)
     across = (f" | {replicas.count} replicas ({type(replicas.strategy).__name__}"
               f"{f', {replicas.workers} workers' if replicas.workers > 1 else ''})" if cfg.distribute else "")
@@ -336,6 +337,15 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         f"{f'TF32 {tf32_state()} | ' if device_type == 'cuda' else ''}"
         f"policy {amp.POLICIES[precision]}{across}")
     return Runtime(device_type, precision, replicas, cfg.sync_bn)
+
+
+def fuses_float16_slowly(precision: str, device_type: str) -> bool:
+    """Whether Grappler's remapper, which fuses a Dense layer's MatMul and BiasAdd into one op,
+    would hand a float16 one to oneDNN's reference kernel: on a CPU with AVX512-FP16 (an Intel
+    Xeon with AMX) TensorFlow 2.21's oneDNN has no optimized float16 inner product, and the
+    vanilla GAN's float16 step took 1,587 ms fused, 21 ms unfused (README, "What --amp does").
+    setup() turns the remapper off for float16 on a oneDNN CPU, and on for everything else."""
+    return precision == "amp-fp16" and device_type == "cpu" and bool(onednn_enabled())
 
 
 def tf32_state() -> str:
