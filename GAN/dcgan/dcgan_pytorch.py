@@ -9,6 +9,8 @@ a 3x3 convolution at its resolution -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
 The last layer of each runs in float32 under autocast; weights and images are stored
 channels_last (NHWC), the layout oneDNN's CPU kernels and CUDA's tensor cores run fastest.
+G's first and D's last layer, the convolutions from and to a 1x1 map, are
+common/pytorch/layers.py's, computed as the matmuls they are.
 Shapes below are (H x W x channels) for 28x28 MNIST at the default width.
 
 The training step, with its autocast and GradScaler calls, is GAN/gan_step_pytorch.py, shared
@@ -26,6 +28,7 @@ from torch import nn
 from common.config import parse_args
 from common.errors import exit_on_user_error
 from common.pytorch.amp import FullPrecision
+from common.pytorch.layers import Conv2d, ConvTranspose2d
 from GAN import gan_step_pytorch as gan_step
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_pytorch import discriminator_loss, generator_loss
@@ -62,8 +65,8 @@ class Generator(nn.Module):
         channels, height, image_width = image_shape
         base, upsamplings = hparams.geometry(height, image_width)
         features = width * 2 ** (upsamplings - 1)
-        # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
-        layers = [nn.ConvTranspose2d(hparams.Z_DIM, features, base, 1, 0, bias=False),
+        # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map (a matmul)
+        layers = [ConvTranspose2d(hparams.Z_DIM, features, base, 1, 0, bias=False),
                   batch_norm(features), nn.ReLU(), *refine(features, nn.ReLU)]  # 7x7x64 -> 7x7x64
         for _ in range(upsamplings - 1):  # 7x7x64 -> 14x14x32: each doubles the side, halves the channels
             layers += [nn.ConvTranspose2d(features, features // 2, 4, 2, 1, bias=False),
@@ -92,8 +95,8 @@ class Discriminator(nn.Module):
                        batch_norm(features * 2), leaky_relu(), *refine(features * 2, leaky_relu)]
             features *= 2
         self.body = nn.Sequential(*layers)
-        # 7x7x64 -> 1x1x1, one logit in float32
-        self.out = FullPrecision(nn.Conv2d(features, 1, base, 1, 0, bias=False))
+        # 7x7x64 -> 1x1x1, one logit in float32 (a matmul)
+        self.out = FullPrecision(Conv2d(features, 1, base, 1, 0, bias=False))
         init_weights(self)
 
     def forward(self, x):

@@ -9,8 +9,9 @@ a 3x3 convolution at its resolution -> tanh image.
 D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
 The last layer of each is built with dtype="float32"; images stay NHWC, TensorFlow's native
 layout. Batch norm is common/tensorflow/layers.py's: TensorFlow's fused kernel, with the
-running variance moved as PyTorch moves it. Shapes below are (H x W x channels) for 28x28
-MNIST at the default width.
+running variance moved as PyTorch moves it; so are G's first and D's last layer, the
+convolutions from and to a 1x1 map, computed there as the matmuls they are. Shapes below
+are (H x W x channels) for 28x28 MNIST at the default width.
 
 The training step, with its GradientTape, scale_loss and apply_gradients calls, is
 GAN/gan_step_tensorflow.py, shared with the other GANs. The PyTorch twin is dcgan_pytorch.py;
@@ -29,7 +30,7 @@ from keras import layers
 
 from common.config import parse_args
 from common.errors import exit_on_user_error
-from common.tensorflow.layers import BatchNormalization
+from common.tensorflow.layers import BatchNormalization, Conv2D, Conv2DTranspose
 from GAN import gan_step_tensorflow as gan_step
 from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
@@ -64,9 +65,9 @@ def make_generator(image_shape: tuple, width: int) -> keras.Model:
     height, image_width, channels = image_shape
     base, upsamplings = hparams.geometry(height, image_width)
     features = width * 2 ** (upsamplings - 1)
-    # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map
+    # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map (a matmul)
     stack = [keras.Input((hparams.Z_DIM,)), layers.Reshape((1, 1, hparams.Z_DIM)),
-             layers.Conv2DTranspose(features, base, 1, "valid", **conv()),
+             Conv2DTranspose(features, base, 1, "valid", **conv()),
              batch_norm(), layers.ReLU(), *refine(features, layers.ReLU)]  # 7x7x64 -> 7x7x64
     for _ in range(upsamplings - 1):  # 7x7x64 -> 14x14x32: each doubles the side, halves the channels
         stack += [layers.Conv2DTranspose(features // 2, 4, 2, "same", **conv()),
@@ -90,8 +91,8 @@ def make_discriminator(image_shape: tuple, width: int) -> keras.Model:
         stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv()),
                   batch_norm(), leaky_relu(), *refine(features * 2, leaky_relu)]
         features *= 2
-    # 7x7x64 -> 1x1x1, one logit in float32
-    stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **conv()),
+    # 7x7x64 -> 1x1x1, one logit in float32 (a matmul)
+    stack += [Conv2D(1, base, 1, "valid", dtype="float32", **conv()),
               layers.Flatten(dtype="float32")]
     return keras.Sequential(stack, name="discriminator")
 

@@ -1,0 +1,186 @@
+"""The convolutions from and to a 1x1 map (common/tensorflow/layers.py and its twin
+common/pytorch/layers.py): DCGAN's G's first layer and D's last, computed as the matmuls they
+are. The same function, gradients and weights as the frameworks' own layers, no convolution
+op left for the CPU kernels to run over a zero-padded map, and the frameworks' own path for
+every other input."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from common.pytorch import layers as torch_layers
+from common.tensorflow.layers import Conv2D, Conv2DTranspose
+from GAN.dcgan import dcgan_pytorch, dcgan_tensorflow
+from scripts import end_layers
+
+CONVOLUTION_OPS = {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"}
+
+# (ours, Keras' own, an input it takes as a matmul): with a bias and an activation, so every
+# part of the layer's call is compared
+CASES = {
+    "transposed from 1x1": (Conv2DTranspose, keras.layers.Conv2DTranspose, (5, 1, 1, 10),
+                            dict(filters=4, kernel_size=7, strides=1, padding="valid")),
+    "convolution to 1x1": (Conv2D, keras.layers.Conv2D, (5, 7, 7, 6),
+                           dict(filters=3, kernel_size=7, strides=1, padding="valid")),
+}
+
+
+def pair(ours, keras_own, input_shape, config):
+    """Our layer and Keras' own with the same (random) weights."""
+    layer = ours(**config, use_bias=True, bias_initializer="random_normal", activation="tanh")
+    layer.build(input_shape)
+    reference = keras_own.from_config(layer.get_config())
+    reference.build(input_shape)
+    reference.set_weights(layer.get_weights())
+    return layer, reference
+
+
+def forward_and_gradients(layer, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_sum(y * tf.sin(tf.stop_gradient(y)))  # unequal weights on the outputs
+    return [y, *tape.gradient(loss, [x, *layer.trainable_variables])]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_same_function_and_gradients_as_keras_own_layer(case):
+    ours, keras_own, input_shape, config = CASES[case]
+    layer, reference = pair(ours, keras_own, input_shape, config)
+    x = tf.random.stateless_normal(input_shape, seed=(1, 2))
+    for got, expected in zip(forward_and_gradients(layer, x), forward_and_gradients(reference, x), strict=True):
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_convolution_op_runs_forward_or_back(case):
+    """Why the layers exist: TensorFlow's CPU kernels convolve a 1x1 map (or its 1x1
+    gradient) zero-padded to 13x13, 49x the multiply-adds of the matmul."""
+    ours, keras_own, input_shape, config = CASES[case]
+    layer, reference = pair(ours, keras_own, input_shape, config)
+
+    def op_types(network):
+        step = tf.function(lambda x: forward_and_gradients(network, x))
+        graph = step.get_concrete_function(tf.TensorSpec(input_shape)).graph.as_graph_def()
+        return ({node.op for node in graph.node}
+                | {node.op for function in graph.library.function for node in function.node_def})
+
+    assert not op_types(layer) & CONVOLUTION_OPS
+    assert op_types(reference) & CONVOLUTION_OPS  # the check sees them where they are
+
+
+STRIDED = dict(filters=2, kernel_size=4, strides=2, padding="same")
+FULL_SAME = dict(filters=2, kernel_size=7, padding="same")
+
+
+@pytest.mark.parametrize("ours, keras_own, input_shape, config", [
+    (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 3, 3, 4), STRIDED),
+    (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 1, 1, 4), STRIDED),  # 1x1, but "same"
+    (Conv2D, keras.layers.Conv2D, (2, 8, 8, 3), STRIDED),
+    (Conv2D, keras.layers.Conv2D, (2, 7, 7, 3), FULL_SAME),                  # the kernel's size, but "same"
+])
+def test_every_other_input_takes_keras_own_path(ours, keras_own, input_shape, config):
+    layer, reference = pair(ours, keras_own, input_shape, config)
+    x = tf.random.stateless_normal(input_shape, seed=(3, 4))
+    np.testing.assert_array_equal(layer(x).numpy(), reference(x).numpy())
+
+
+def test_computes_in_the_policys_dtype():
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    layers = [Conv2DTranspose(4, 7, 1, "valid"), Conv2D(3, 7, 1, "valid")]
+    outputs = [layers[0](tf.ones((2, 1, 1, 10))), layers[1](tf.ones((2, 7, 7, 6)))]
+    assert [y.dtype for y in outputs] == [tf.bfloat16, tf.bfloat16]
+    assert [layer.kernel.dtype for layer in layers] == ["float32", "float32"]
+
+
+def test_dcgans_keras_networks_use_them_at_the_ends():
+    networks = dcgan_tensorflow.build_networks((28, 28, 1), 8)
+    first = next(layer for layer in networks["generator"].layers if "conv" in layer.name)
+    last = [layer for layer in networks["discriminator"].layers if "conv" in layer.name][-1]
+    assert type(first) is Conv2DTranspose and type(last) is Conv2D
+    assert tuple(first.kernel.shape) == (7, 7, 16, 100) and tuple(last.kernel.shape) == (7, 7, 16, 1)
+
+
+# --- the PyTorch twins' layers (common/pytorch/layers.py) ---------------------------------------
+
+TORCH_CASES = {
+    "transposed from 1x1": (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (5, 10, 1, 1), (10, 4, 7)),
+    "convolution to 1x1": (torch_layers.Conv2d, torch.nn.Conv2d, (5, 6, 7, 7), (6, 3, 7)),
+}
+
+
+def torch_pair(ours, torch_own, arguments):
+    torch.manual_seed(0)
+    layer = ours(*arguments)
+    reference = torch_own(*arguments)
+    reference.load_state_dict(layer.state_dict())
+    return layer, reference
+
+
+def torch_forward_and_gradients(layer, x):
+    x = x.clone().requires_grad_()
+    y = layer(x)
+    (y * y.detach().sin()).sum().backward()
+    return [y, x.grad, layer.weight.grad, layer.bias.grad]
+
+
+@pytest.mark.parametrize("case", TORCH_CASES)
+def test_pytorch_the_same_function_and_gradients_as_its_own_layer(case):
+    ours, torch_own, input_shape, arguments = TORCH_CASES[case]
+    layer, reference = torch_pair(ours, torch_own, arguments)
+    x = torch.randn(input_shape)
+    got, expected = torch_forward_and_gradients(layer, x), torch_forward_and_gradients(reference, x)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.shape == theirs.shape
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", TORCH_CASES)
+def test_pytorch_no_convolution_runs_forward_or_back(case):
+    ours, torch_own, input_shape, arguments = TORCH_CASES[case]
+
+    def aten_ops(layer):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            torch_forward_and_gradients(layer, torch.randn(input_shape))
+        return {event.name for event in profile.events()}
+
+    layer, reference = torch_pair(ours, torch_own, arguments)
+    assert not {"aten::convolution", "aten::convolution_backward"} & aten_ops(layer)
+    assert "aten::convolution" in aten_ops(reference)
+
+
+@pytest.mark.parametrize("ours, torch_own, input_shape, arguments", [
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 3, 3), (4, 2, 4, 2, 1)),
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4, 2, 1)),
+    (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 8, 8), (3, 2, 4, 2, 1)),
+    (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 7, 7), (3, 2, 7, 1, 3)),
+])
+def test_pytorch_every_other_input_takes_its_own_path(ours, torch_own, input_shape, arguments):
+    layer, reference = torch_pair(ours, torch_own, arguments)
+    x = torch.randn(input_shape)
+    torch.testing.assert_close(layer(x), reference(x), rtol=0, atol=0)
+
+
+def test_pytorch_computes_in_autocasts_dtype():
+    layers = [torch_layers.ConvTranspose2d(10, 4, 7), torch_layers.Conv2d(6, 3, 7)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = [layers[0](torch.ones(2, 10, 1, 1)), layers[1](torch.ones(2, 6, 7, 7))]
+    assert [y.dtype for y in outputs] == [torch.bfloat16, torch.bfloat16]
+
+
+def test_dcgans_pytorch_networks_use_them_at_the_ends():
+    networks = dcgan_pytorch.build_networks((1, 28, 28), 8)
+    convolutions = {name: [m for m in network.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d))]
+                    for name, network in networks.items()}
+    assert type(convolutions["generator"][0]) is torch_layers.ConvTranspose2d
+    assert type(convolutions["discriminator"][-1]) is torch_layers.Conv2d
+
+
+def test_the_timing_script_runs_both_ways_in_both_frameworks(capsys):
+    """scripts/end_layers.py, the README's figures: one paired call each, tiny networks."""
+    assert end_layers.main(["--calls", "1", "--width", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ratios = [float(line.split("paired ratio ")[1].split()[0]) for line in lines if "paired ratio" in line]
+    assert [line.split()[0] for line in lines[1:]] == ["pytorch", "tensorflow"] and all(r > 0 for r in ratios)
