@@ -66,7 +66,9 @@ def pytorch_steps(width: int, amp: bool):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             fake = generator(z)
             (discriminator(real).float().mean() + discriminator(fake.detach()).float().mean()).backward()
+            discriminator.requires_grad_(False)  # G's gradient through D, as GAN/gan_step_pytorch.py
             discriminator(fake).float().mean().backward()
+            discriminator.requires_grad_(True)
     return (lambda: step(*convolutions)), (lambda: step(*matmuls))
 
 

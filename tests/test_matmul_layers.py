@@ -23,6 +23,10 @@ CASES = {
                             dict(filters=4, kernel_size=7, strides=1, padding="valid")),
     "convolution to 1x1": (Conv2D, keras.layers.Conv2D, (5, 7, 7, 6),
                            dict(filters=3, kernel_size=7, strides=1, padding="valid")),
+    "transposed from 1x1, stride 2": (Conv2DTranspose, keras.layers.Conv2DTranspose, (5, 1, 1, 10),
+                                      dict(filters=4, kernel_size=4, strides=2, padding="valid")),
+    "convolution to 1x1, stride 2": (Conv2D, keras.layers.Conv2D, (5, 4, 4, 6),
+                                     dict(filters=3, kernel_size=4, strides=2, padding="valid")),
 }
 
 
@@ -80,6 +84,13 @@ FULL_SAME = dict(filters=2, kernel_size=7, padding="same")
     (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 1, 1, 4), STRIDED),  # 1x1, but "same"
     (Conv2D, keras.layers.Conv2D, (2, 8, 8, 3), STRIDED),
     (Conv2D, keras.layers.Conv2D, (2, 7, 7, 3), FULL_SAME),                  # the kernel's size, but "same"
+    # a 1x1 map, "valid", but an output larger than the kernel: a stride above it, a dilation,
+    # output padding
+    (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 1, 1, 4), dict(filters=2, kernel_size=2, strides=3)),
+    (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 1, 1, 4), dict(filters=2, kernel_size=4, dilation_rate=2)),
+    (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 1, 1, 4),
+     dict(filters=2, kernel_size=4, strides=2, output_padding=1)),
+    (Conv2D, keras.layers.Conv2D, (2, 7, 7, 4), dict(filters=4, kernel_size=7, groups=2)),  # grouped
 ])
 def test_every_other_input_takes_keras_own_path(ours, keras_own, input_shape, config):
     layer, reference = pair(ours, keras_own, input_shape, config)
@@ -108,13 +119,16 @@ def test_dcgans_keras_networks_use_them_at_the_ends():
 TORCH_CASES = {
     "transposed from 1x1": (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (5, 10, 1, 1), (10, 4, 7)),
     "convolution to 1x1": (torch_layers.Conv2d, torch.nn.Conv2d, (5, 6, 7, 7), (6, 3, 7)),
+    "transposed from 1x1, stride 3": (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (5, 10, 1, 1),
+                                      (10, 4, 2, 3)),  # PyTorch's output is the kernel's size whatever the stride
+    "convolution to 1x1, stride 2": (torch_layers.Conv2d, torch.nn.Conv2d, (5, 6, 4, 4), (6, 3, 4, 2)),
 }
 
 
-def torch_pair(ours, torch_own, arguments):
+def torch_pair(ours, torch_own, arguments, options=None):
     torch.manual_seed(0)
-    layer = ours(*arguments)
-    reference = torch_own(*arguments)
+    layer = ours(*arguments, **(options or {}))
+    reference = torch_own(*arguments, **(options or {}))
     reference.load_state_dict(layer.state_dict())
     return layer, reference
 
@@ -126,11 +140,13 @@ def torch_forward_and_gradients(layer, x):
     return [y, x.grad, layer.weight.grad, layer.bias.grad]
 
 
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("case", TORCH_CASES)
-def test_pytorch_the_same_function_and_gradients_as_its_own_layer(case):
+def test_pytorch_the_same_function_and_gradients_as_its_own_layer(case, memory_format):
+    """In both layouts: the models keep weights and images channels_last."""
     ours, torch_own, input_shape, arguments = TORCH_CASES[case]
-    layer, reference = torch_pair(ours, torch_own, arguments)
-    x = torch.randn(input_shape)
+    layer, reference = (net.to(memory_format=memory_format) for net in torch_pair(ours, torch_own, arguments))
+    x = torch.randn(input_shape).contiguous(memory_format=memory_format)
     got, expected = torch_forward_and_gradients(layer, x), torch_forward_and_gradients(reference, x)
     for mine, theirs in zip(got, expected, strict=True):
         assert mine.shape == theirs.shape
@@ -151,14 +167,19 @@ def test_pytorch_no_convolution_runs_forward_or_back(case):
     assert "aten::convolution" in aten_ops(reference)
 
 
-@pytest.mark.parametrize("ours, torch_own, input_shape, arguments", [
-    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 3, 3), (4, 2, 4, 2, 1)),
-    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4, 2, 1)),
-    (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 8, 8), (3, 2, 4, 2, 1)),
-    (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 7, 7), (3, 2, 7, 1, 3)),
+@pytest.mark.parametrize("ours, torch_own, input_shape, arguments, options", [
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 3, 3), (4, 2, 4, 2, 1), {}),
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4, 2, 1), {}),  # padded
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4), dict(dilation=2)),
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4, 2), dict(output_padding=1)),
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (4, 1, 1), (4, 2, 4), {}),  # unbatched
+    (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 8, 8), (3, 2, 4, 2, 1), {}),
+    (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 7, 7), (3, 2, 7, 1, 3), {}),  # the kernel's size, padded
+    (torch_layers.Conv2d, torch.nn.Conv2d, (2, 4, 7, 7), (4, 4, 7), dict(groups=2)),
+    (torch_layers.Conv2d, torch.nn.Conv2d, (4, 7, 7), (4, 2, 7), {}),  # unbatched
 ])
-def test_pytorch_every_other_input_takes_its_own_path(ours, torch_own, input_shape, arguments):
-    layer, reference = torch_pair(ours, torch_own, arguments)
+def test_pytorch_every_other_input_takes_its_own_path(ours, torch_own, input_shape, arguments, options):
+    layer, reference = torch_pair(ours, torch_own, arguments, options)
     x = torch.randn(input_shape)
     torch.testing.assert_close(layer(x), reference(x), rtol=0, atol=0)
 

@@ -32,7 +32,7 @@ GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
 # scored 9.6 and 11.6 with precision 0.665 and 0.637 (README, "what moved the FID"). 9-12
 # minutes on a 2-core AVX512-BF16 CPU in float32 (10.4 PyTorch, 8.7 TensorFlow on a Zen 4; 12.0
 # and 12.1 on a Xeon with AMX); about 13-14 (PyTorch) and 16-18.5 (TensorFlow) on an AVX2-only one,
-# 15-17 by estimate since the end layers are matmuls (README, "DCGAN").
+# TensorFlow's 15-17 by estimate since the end layers are matmuls (README, "DCGAN").
 # Samples and evaluation come from an average of G's weights (--ema-decay): 8.4 against G's own
 # 12.4 at 10,000 iterations and lr 2e-4 in PyTorch.
 DEFAULTS = dict(

@@ -18,11 +18,11 @@ class ConvTranspose2d(nn.ConvTranspose2d):
     """PyTorch's transposed convolution, computed from a 1x1 map (DCGAN's z -> 7x7x64) as the
     matmul it is: out[n, o, i, j] = sum_c z[n, c] * weight[c, o, i, j], the same weights.
     The Keras twins' Conv2DTranspose does the same. With Conv2d below, DCGAN's network work
-    an iteration was 1.06x faster with oneDNN held to AVX2 and 1.08x under AMP on a Xeon with
-    AMX (README, "DCGAN"). Any other input takes PyTorch's own path."""
+    an iteration was 1.06x faster with oneDNN held to AVX2 and 1.08-1.11x under AMP on a Xeon
+    with AMX (README, "DCGAN"). Any other input takes PyTorch's own path."""
 
     def forward(self, x, output_size=None):
-        if not (x.shape[-2:] == (1, 1) and self.padding == (0, 0) and self.output_padding == (0, 0)
+        if not (x.dim() == 4 and x.shape[-2:] == (1, 1) and self.padding == (0, 0) and self.output_padding == (0, 0)
                 and self.dilation == (1, 1) and self.groups == 1 and output_size is None):
             return super().forward(x, output_size)
         # in (C, kH, kW, O) order, which is how a channels_last weight is stored: no copies, and
@@ -38,7 +38,7 @@ class Conv2d(nn.Conv2d):
     same name does. Any other input takes PyTorch's own path."""
 
     def forward(self, x):
-        if not (x.shape[-2:] == self.kernel_size and self.padding in ((0, 0), "valid")
+        if not (x.dim() == 4 and x.shape[-2:] == self.kernel_size and self.padding in ((0, 0), "valid")
                 and self.dilation == (1, 1) and self.groups == 1):
             return super().forward(x)
         # summed in (kH, kW, C) order, how channels_last tensors are stored: no copies

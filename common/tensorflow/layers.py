@@ -63,13 +63,15 @@ class Conv2DTranspose(keras.layers.Conv2DTranspose):
 
     TensorFlow's own CPU kernels (Eigen's, where oneDNN is off: AVX2-only CPUs) convolve the
     1x1 map zero-padded to 13x13, 49x the multiply-adds. With Conv2D below, DCGAN's network
-    work an iteration was 1.08x faster there (README, "DCGAN"). Any other input takes Keras'
+    work an iteration was 1.07-1.08x faster there (README, "DCGAN"). Any other input takes Keras'
     own path."""
 
     def call(self, inputs):
+        # (a stride above the kernel's size would make Keras' output stride x stride)
         if not (inputs.shape[1] == inputs.shape[2] == 1 and self.padding == "valid"
                 and self.data_format == "channels_last" and self.output_padding is None
-                and tuple(self.dilation_rate) == (1, 1)):
+                and tuple(self.dilation_rate) == (1, 1)
+                and all(stride <= size for stride, size in zip(self.strides, self.kernel_size))):
             return super().call(inputs)
         outputs = keras.ops.einsum("nc,hwoc->nhwo", inputs[:, 0, 0, :], self.kernel)
         if self.use_bias:
