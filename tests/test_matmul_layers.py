@@ -205,3 +205,14 @@ def test_the_timing_script_runs_both_ways_in_both_frameworks(capsys):
     lines = capsys.readouterr().out.splitlines()
     ratios = [float(line.split("paired ratio ")[1].split()[0]) for line in lines if "paired ratio" in line]
     assert [line.split()[0] for line in lines[1:]] == ["pytorch", "tensorflow"] and all(r > 0 for r in ratios)
+
+
+def test_wgan_gps_critic_ends_with_them_too():
+    """WGAN-GP's G is DCGAN's; its critic's last layer is a matmul in both frameworks (the
+    gradient penalty differentiates through it twice: tests/test_twins_train_alike.py)."""
+    from GAN.wgan_gp import wgan_gp_pytorch, wgan_gp_tensorflow
+
+    keras_critic = wgan_gp_tensorflow.make_critic((28, 28, 1), 8)
+    torch_critic = wgan_gp_pytorch.Critic((1, 28, 28), 8)
+    assert type([layer for layer in keras_critic.layers if "conv" in layer.name][-1]) is Conv2D
+    assert type(torch_critic.out.layer) is torch_layers.Conv2d

@@ -35,7 +35,7 @@ from common.config import parse_args
 from common.errors import exit_on_user_error
 from common.pytorch.amp import FullPrecision, scale_on_device
 from common.pytorch.data import load_data
-from common.pytorch.layers import init_like_keras_dense
+from common.pytorch.layers import Conv2d, init_like_keras_dense
 from common.pytorch.runtime import Runtime, setup
 from common.pytorch.session import fit
 from GAN.dcgan import hparams as dcgan_hparams
@@ -60,8 +60,8 @@ class Critic(nn.Module):
             layers += [nn.Conv2d(features, features * 2, 4, 2, 1), nn.LeakyReLU(hparams.LEAKY_SLOPE)]
             features *= 2
         self.body = nn.Sequential(*layers)
-        # 7x7x64 -> 1x1x1, one score in float32
-        self.out = FullPrecision(nn.Conv2d(features, 1, base, 1, 0))
+        # 7x7x64 -> 1x1x1, one score in float32 (a matmul: common/pytorch/layers.py, as DCGAN's D)
+        self.out = FullPrecision(Conv2d(features, 1, base, 1, 0))
         for layer in self.modules():  # N(0, 0.02) weights as DCGAN's, zero biases as Keras'
             if isinstance(layer, nn.Conv2d):
                 nn.init.normal_(layer.weight, 0.0, hparams.INIT_STD)

@@ -41,7 +41,7 @@ from keras import layers
 from common.config import parse_args
 from common.errors import exit_on_user_error
 from common.tensorflow.data import load_data
-from common.tensorflow.layers import DENSE_INIT
+from common.tensorflow.layers import DENSE_INIT, Conv2D
 from common.tensorflow.runtime import Runtime, setup
 from common.tensorflow.session import fit
 from GAN.dcgan import hparams as dcgan_hparams
@@ -71,8 +71,8 @@ def make_critic(image_shape: tuple, width: int) -> keras.Model:
         stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv()),
                   layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
         features *= 2
-    # 7x7x64 -> 1x1x1, one score in float32
-    stack += [layers.Conv2D(1, base, 1, "valid", dtype="float32", **conv()), layers.Flatten(dtype="float32")]
+    # 7x7x64 -> 1x1x1, one score in float32 (a matmul: common/tensorflow/layers.py, as DCGAN's D)
+    stack += [Conv2D(1, base, 1, "valid", dtype="float32", **conv()), layers.Flatten(dtype="float32")]
     return keras.Sequential(stack, name="critic")
 
 
