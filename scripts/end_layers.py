@@ -48,7 +48,7 @@ def pytorch_steps(width: int, amp: bool):
     import torch
     from torch import nn
 
-    from GAN.dcgan import dcgan_pytorch
+    from GAN.dcgan import dcgan_pytorch, hparams
 
     torch.manual_seed(0)
     matmuls = [net.to(memory_format=torch.channels_last)
@@ -60,7 +60,8 @@ def pytorch_steps(width: int, amp: bool):
         plain = own(layer.in_channels, layer.out_channels, layer.kernel_size, bias=False)
         plain.load_state_dict(layer.state_dict())
         setattr(parent, name, plain.to(memory_format=torch.channels_last))
-    z, real = torch.randn(BATCH, 100), torch.randn(BATCH, 1, IMAGE, IMAGE).contiguous(memory_format=torch.channels_last)
+    z = torch.randn(BATCH, hparams.Z_DIM)
+    real = torch.randn(BATCH, 1, IMAGE, IMAGE).contiguous(memory_format=torch.channels_last)
 
     def step(generator, discriminator):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
@@ -77,7 +78,7 @@ def tensorflow_steps(width: int, amp: bool):
     import keras
     import tensorflow as tf
 
-    from GAN.dcgan import dcgan_tensorflow
+    from GAN.dcgan import dcgan_tensorflow, hparams
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16" if amp else "float32")
     keras.utils.set_random_seed(0)
@@ -90,7 +91,7 @@ def tensorflow_steps(width: int, amp: bool):
         dcgan_tensorflow.Conv2DTranspose, dcgan_tensorflow.Conv2D = ours
     for name, network in convolutions.items():
         network.set_weights(matmuls[name].get_weights())
-    z, real = tf.random.normal((BATCH, 100)), tf.random.normal((BATCH, IMAGE, IMAGE, 1))
+    z, real = tf.random.normal((BATCH, hparams.Z_DIM)), tf.random.normal((BATCH, IMAGE, IMAGE, 1))
 
     def step_of(networks):
         generator, discriminator = networks["generator"], networks["discriminator"]
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--amp", action="store_true", help="bfloat16 autocast / mixed_bfloat16 policy")
-    parser.add_argument("--calls", type=int, default=60, help="timed calls of each (at least 1)")
+    parser.add_argument("--calls", type=int, default=100, help="timed calls of each (at least 1)")
     parser.add_argument("--width", type=int, default=32, help="DCGAN's width (the default: 32)")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.width < 1:
