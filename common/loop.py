@@ -356,25 +356,53 @@ class IntervalLog:
 
 class ProfileWindow:
     """--profile: PROFILED_STEPS steps, WARMUP_STEPS after the start, traced by the
-    framework's profiler; the top operations are printed and saved as profile/top_ops.txt."""
+    framework's profiler; the top operations are printed and saved as profile/top_ops.txt.
+    Used as a context around the loop: a run that ends inside the window (at its last step,
+    on a Ctrl-C or a divergence) reports the steps it profiled, and one that ends on an error
+    stops the profiler (left running, it crashed PyTorch at exit)."""
 
-    def __init__(self, cfg: RunConfig, run: RunFolder, session: Session, start_step: int, log):
-        self.run, self.session, self.log = run, session, log
+    def __init__(self, cfg: RunConfig, run: RunFolder, session: Session, clock: StepClock, start_step: int, log):
+        self.run, self.session, self.clock, self.log = run, session, clock, log
         self.first = start_step + WARMUP_STEPS if cfg.profile and run.writable else None
+        self.step, self.running = start_step, False
+        if self.first is not None and self.first >= cfg.iters:
+            log(f"--profile: nothing profiled: {cfg.iters - start_step} steps to go, and the window starts "
+                f"{WARMUP_STEPS} steps in (tracing, warm-up); --iters {self.first + PROFILED_STEPS} profiles all of it")
+            self.first = None
 
     def before(self, step: int):
         if step == self.first:
             self.session.profiler.start(self.run.path / "profile")
+            self.running = True
 
-    def after(self, step: int, clock: StepClock):
-        if self.first is None or step != self.first + PROFILED_STEPS:
+    def after(self, step: int):
+        self.step = step
+        if self.running and step == self.first + PROFILED_STEPS:
+            self.finish()
+
+    def finish(self):
+        """Stop the profiler and report the steps since the window's first; nothing when it
+        is not running."""
+        if not self.running:
             return
-        with clock.paused():
+        self.running = False
+        with self.clock.paused():
             folder = self.run.path / "profile"
             operations, trace = self.session.profiler.stop(folder)
-            table = format_top_ops(operations, PROFILED_STEPS, self.session.profiler.clock)
+            table = format_top_ops(operations, self.step - self.first, self.session.profiler.clock)
             (folder / "top_ops.txt").write_text(table + "\n")
             self.log(f"{table}\nprofile: {trace}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, error_type, error, traceback):
+        if error_type is None:
+            self.finish()
+        elif self.running:
+            self.running = False
+            with contextlib.suppress(Exception):  # the run's own error is the one to report
+                self.session.profiler.stop(self.run.path / "profile")
 
 
 def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board, step: int,
@@ -472,7 +500,7 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     batches = Batches(order, session)
     clock, progress = StepClock(session), Progress(cfg, start_step, log, shown=run.writable)
     log_interval = IntervalLog(cfg, run, session, clock, progress, board, skipped_total, log)
-    profile = ProfileWindow(cfg, run, session, start_step, log)
+    profile = ProfileWindow(cfg, run, session, clock, start_step, log)
 
     if run.writable:
         sampling.check_fixed_noise(run.path)  # now, not at the first grid, steps later
@@ -487,7 +515,7 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     session.synchronize()
     clock.restart()
     step, stopped_early, diverged = start_step, False, False
-    with StopRequest() as stop:
+    with StopRequest() as stop, profile:
         while step < cfg.iters:
             profile.before(step)
             indices = batches.indices(step)
@@ -495,7 +523,7 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
                 log(format_precision_report(session.precision_report(indices), session.precision))
             log_interval.add(session.train_step(indices))
             step += 1
-            profile.after(step, clock)
+            profile.after(step)
             stop_signal = session.stop_signal(stop.requested or 0)  # the same on every replica
             finishing = step == cfg.iters or bool(stop_signal)
             if log_interval.due(step, finishing):

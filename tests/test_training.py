@@ -293,6 +293,24 @@ def test_profile_writes_a_trace_and_a_table_of_top_operations(framework, trace_g
     assert shares == sorted(shares, reverse=True) and 50 < sum(shares) <= 100.5
 
 
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_profile_of_a_run_that_ends_inside_its_window_reports_the_steps_it_profiled(framework, tmp_path, capsys):
+    # The window is steps 5 to 14; this run ends after step 8. Left running, PyTorch's
+    # profiler crashed the process at exit and TensorFlow's wrote nothing.
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "8", "--profile")
+    table = (out / "profile" / "top_ops.txt").read_text()
+    assert table.startswith(f"top operations by self {'CPU' if framework == 'pytorch' else 'host'} time over 3 profiled steps")
+    assert table in capsys.readouterr().out + "\n"
+
+
+def test_profile_of_a_run_too_short_for_its_window_says_so(tmp_path, capsys):
+    out = tmp_path / "run"
+    train("pytorch", out, "--iters", "3", "--profile")
+    assert "--profile: nothing profiled: 3 steps to go" in capsys.readouterr().out
+    assert not (out / "profile").exists() and (out / "summary.json").exists()
+
 def write_png_folder(root, count, size=(12, 12), mode="RGB"):
     from PIL import Image
 
