@@ -200,10 +200,14 @@ class RunFolder:
                 raise UsageError(f"{run.path} already holds a run: pass --resume to continue it, "
                                  "--overwrite to start over, or --out for a new folder")
             run.clear()
-        # config.json first: a run killed right after it is still known as a run
+        # config.json first: a run killed right after it is still known as a run. A --resume
+        # with nothing left to train (scripts/evaluate.py measuring a run) keeps the one the
+        # training wrote: its --iters and the flags it was not given would replace the run's
+        # own, and compare.py --reuse or quality_table.py would then refuse or retrain the run.
         run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(run.path / "config.json",
-                     lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
+        if not (cfg.resume and run.latest_checkpoint()[0] >= cfg.iters):
+            atomic_write(run.path / "config.json",
+                         lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
         run.samples.mkdir(exist_ok=True)
         run.checkpoints.mkdir(exist_ok=True)
         return run

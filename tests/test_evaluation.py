@@ -198,6 +198,7 @@ def test_evaluate_script_reopens_a_finished_run_and_keeps_its_figures(tmp_path, 
     vae_tensorflow.main(["--out", str(out), *TINY, "--amp", "--data-limit", "512"])
     before = json.loads((out / "summary.json").read_text())
     assert "metrics" not in before
+    settings = (out / "config.json").read_bytes()  # TINY's flags, which evaluate.py does not pass
 
     monkeypatch.chdir(tmp_path)  # a path relative to where the user is: the reopened run's too
     assert evaluate_script.main(["vae", "--samples", "200", "--iwae-k", "8"]) == 0
@@ -207,7 +208,8 @@ def test_evaluate_script_reopens_a_finished_run_and_keeps_its_figures(tmp_path, 
     assert {"fid", "test_elbo", "test_iwae_k8"} <= set(metrics)
     assert metrics["test_iwae_k8"] >= metrics["test_elbo"]  # the IWAE bound is the tighter one
     assert -800 < metrics["test_elbo"] < 0  # nats per image, after four steps
-    assert json.loads((out / "config.json").read_text())["precision"] == "amp-bf16"
+    # the training's settings as they were: compare.py --reuse and quality_table.py read them
+    assert (out / "config.json").read_bytes() == settings
     printed = capsys.readouterr().out
     assert "test_iwae_k8" in printed and "real-data floor, 200 MNIST training images" in printed
 

@@ -265,6 +265,7 @@ def test_ctrl_c_or_sigterm_checkpoints_the_current_step_and_resume_finishes(sign
     resumed = gan_pytorch.main(["--out", str(out), *TINY, "--iters", str(step + 4),
                                 "--checkpoint-every", "0", "--sample-every", "0", "--resume"])
     assert resumed["step"] == step + 4 and not resumed["stopped_early"]
+    assert json.loads((out / "config.json").read_text())["iters"] == step + 4  # a resume that trains records its flags
 
 
 def is_matrix_product(operation: str) -> bool:
