@@ -34,6 +34,7 @@ SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale 
 MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 MAX_EVALUATE = 1_000_000  # 100x the 10,000 samples the quality tables measure
+MIN_EVALUATE = 10  # precision and recall compare each sample with its 3 nearest neighbours
 MAX_EVAL_DRAWS = 20  # 20 evaluations of 10,000 samples: minutes, inside the replicas' 10-minute wait
 MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
 MAX_GROWTH_INTERVAL = 2**31 - 1  # the loss scalers count clean steps in 32 (PyTorch) and 64 bits (Keras)
@@ -43,6 +44,9 @@ MAX_LR = 1e6              # far past any useful rate (a test drives a run to inf
 # A loss scale from 2**-64 to 2**64 (2**48 times the default 2**16): float32 overflows at 2**128
 # (a cast failed deep in the step) and rounds 1e-50 to 0 (every float16 step was skipped).
 MIN_LOSS_SCALE, MAX_LOSS_SCALE = 2.0**-64, 2.0**64
+# A gradient-norm clip or weight decay far past any use: Keras' float32 copy of 1e39 overflowed
+# to inf and the losses were NaN from the first step (with the clip, PyTorch trained).
+MAX_CLIP_NORM = MAX_WEIGHT_DECAY = 1e6
 learning_rate = flags.positive_float_up_to(MAX_LR, "10**6")  # type= of every script's --lr
 loss_scale = flags.float_in(MIN_LOSS_SCALE, MAX_LOSS_SCALE, "2**-64 to 2**64")
 
@@ -156,14 +160,14 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training.add_argument("--beta1", type=flags.unit_interval, help="Adam beta1")
     training.add_argument("--beta2", type=flags.unit_interval, help="Adam beta2")
     training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")
-    training.add_argument("--weight-decay", type=flags.non_negative_float,
+    training.add_argument("--weight-decay", type=flags.off_or_float_up_to(MAX_WEIGHT_DECAY, "10**6"),
                           help="decoupled weight decay (adamw only)")
     training.add_argument("--xla", action="store_true",
                           help="TensorFlow: compile the training step with XLA (jit_compile)")
     training.add_argument("--compile", action="store_true",
                           help="PyTorch: compile the networks with torch.compile (static shapes; "
                                "the first steps are slow while it compiles)")
-    training.add_argument("--clip-grad-norm", type=flags.non_negative_float,
+    training.add_argument("--clip-grad-norm", type=flags.off_or_float_up_to(MAX_CLIP_NORM, "10**6"),
                           help="clip the global gradient norm of each network (0: off); under "
                                "float16 the gradients are unscaled first")
     training.add_argument("--ema-decay", type=flags.unit_interval, metavar="DECAY",
@@ -215,7 +219,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                         help="read losses from the device every N iterations")
     output.add_argument("--checkpoint-every", type=flags.non_negative_int,
                         help="checkpoint every N iterations (0: only at the end)")
-    output.add_argument("--evaluate", type=flags.int_in(0, MAX_EVALUATE), metavar="N",
+    output.add_argument("--evaluate", type=flags.off_or_int_in(MIN_EVALUATE, MAX_EVALUATE), metavar="N",
                         help="after training, measure quality on N generated samples (FID, "
                              "precision/recall, modes; VAE: test ELBO/IWAE) into summary.json")
     output.add_argument("--eval-draws", type=flags.int_in(1, MAX_EVAL_DRAWS), metavar="N",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import struct
 import sys
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def int_in(low: int, high: int):
     return parse
 
 
+def off_or_int_in(low: int, high: int):
+    """0 (off) or an integer from `low` to `high`: a count that means nothing below `low`."""
+    within = int_in(low, high)
+
+    def parse(text: str) -> int:
+        if integer(text) == 0:
+            return 0
+        try:
+            return within(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"must be 0 (off) or from {low:,} to {high:,}, got {text}") from None
+
+    return parse
+
+
 seed = int_in(0, MAX_SEED)
 
 
@@ -100,10 +116,20 @@ def float_in(low: float, high: float, shown: str):
     return parse
 
 
+def as_float32(value: float) -> float:
+    """`value` rounded to float32, as the frameworks hold a flag's value on the device."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 def unit_interval(text: str) -> float:
+    """A rate in [0, 1) that stays below 1 in float32: Adam's betas and the average's decay.
+    Past 1 - 2**-25 float32 rounds it to 1, where Keras' Adam divides its update by a bias
+    correction of 0 and the average stops moving, while PyTorch, in float64, trains on."""
     value = _number(text)
     if not 0 <= value < 1:  # also refuses NaN
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    if as_float32(value) == 1:
+        raise argparse.ArgumentTypeError(f"must be below 1 in float32 (at most 1 - 2**-24), got {text}")
     return abs(value)  # -0.0 too reads as 0
 
 
@@ -114,6 +140,19 @@ def non_negative_float(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive finite number, got {text}")
     return value
+
+
+def off_or_float_up_to(high: float, shown: str):
+    """0 (off) or a positive float up to `high`: as positive_float_up_to's bound, before a
+    framework's float32 copy overflows."""
+
+    def parse(text: str) -> float:
+        value = non_negative_float(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive number up to {shown}, got {text}")
+        return value
+
+    return parse
 
 
 def path_text(text: str) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import evaluation, flags
-from common.config import MAX_EVAL_DRAWS, MAX_EVALUATE, MAX_IWAE_K
+from common.config import MAX_EVAL_DRAWS, MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.runs import RunFolder
 
@@ -53,7 +53,7 @@ def check_evaluable(folder: Path) -> None:
 def main(argv=None) -> int:
     parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", type=flags.path, help="run folders")
-    parser.add_argument("--samples", type=flags.int_in(10, MAX_EVALUATE), default=10_000,
+    parser.add_argument("--samples", type=flags.int_in(MIN_EVALUATE, MAX_EVALUATE), default=10_000,
                         help="generated samples per run")
     parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K), help="VAE: importance samples per test image")
     parser.add_argument("--draws", type=flags.int_in(1, MAX_EVAL_DRAWS), default=1,

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, flags, models
-from common.config import MAX_EVALUATE, MAX_IWAE_K, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
+from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.evaluation import evaluate_run, sample_count
 from common.runs import RunFolder, atomic_write, read_json, settings_as_today
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
                         help="override every model's default learning rate (with --iters: a former default)")
     parser.add_argument("--seeds", nargs="+", type=flags.seed, default=[0],
                         help="train each run once per seed; with two or more, their means and spread follow")
-    parser.add_argument("--samples", type=flags.int_in(10, MAX_EVALUATE), default=10_000,
+    parser.add_argument("--samples", type=flags.int_in(MIN_EVALUATE, MAX_EVALUATE), default=10_000,
                         help="generated samples per run")
     parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K), help="VAE: importance samples per test image")
     parser.add_argument("--runs", type=flags.output_folder, default="runs/quality")

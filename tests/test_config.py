@@ -41,6 +41,15 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--min-loss-scale", "1e39"], "--min-loss-scale: must be from 2**-64 to"),
     (["--min-loss-scale", "0"], "--min-loss-scale: must be from 2**-64 to"),
     (["--growth-interval", str(2**63)], "--growth-interval: must be from 1 to 2,147,483,647"),  # raised mid-run
+    # Keras holds these in float32: a beta rounded to 1 divided its update by 0, a clip of 1e39
+    # overflowed to inf (NaN losses), where PyTorch trained on
+    (["--beta2", "0.99999999"], "--beta2: must be below 1 in float32 (at most 1 - 2**-24), got 0.99999999"),
+    (["--ema-decay", "0.99999999"], "--ema-decay: must be below 1 in float32"),
+    (["--clip-grad-norm", "1e39"], "--clip-grad-norm: must be 0 (off) or a positive number up to 10**6, got 1e39"),
+    (["--weight-decay", "2e6"], "--weight-decay: must be 0 (off) or a positive number up to 10**6"),
+    # 3 nearest neighbours need more than 3 samples: this failed after the training
+    (["--evaluate", "3"], "--evaluate: must be 0 (off) or from 10 to 1,000,000, got 3"),
+    (["--evaluate", "-1"], "--evaluate: must be 0 (off) or from 10 to 1,000,000"),
     # an unset shell variable: "" would mean the default run folder (which --overwrite replaces)
     (["--out", ""], "--out: must name a path, got an empty or blank string"),
     (["--init-from", " "], "--init-from: must name a path"),
@@ -61,6 +70,10 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
     assert (cfg.lr, cfg.ema_decay, cfg.clip_grad_norm, cfg.init_scale, cfg.min_loss_scale) == (
         1e6, 0.0, 0.0, 2.0**64, 2.0**-64)
     assert str(cfg.ema_decay) == "0.0"  # not -0.0
+    cfg = parse("--beta2", "0.99999994", "--clip-grad-norm", "1e6", "--optimizer", "adamw", "--weight-decay", "1e6",
+                "--evaluate", "10")
+    assert (cfg.beta2, cfg.clip_grad_norm, cfg.weight_decay, cfg.evaluate) == (0.99999994, 1e6, 1e6, 10)
+    assert parse("--evaluate", "0").evaluate == 0  # off
 
 
 @pytest.mark.parametrize("argv, message", [

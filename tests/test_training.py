@@ -302,7 +302,8 @@ def test_profile_of_a_run_that_ends_inside_its_window_reports_the_steps_it_profi
     out = tmp_path / "run"
     train(framework, out, "--iters", "8", "--profile")
     table = (out / "profile" / "top_ops.txt").read_text()
-    assert table.startswith(f"top operations by self {'CPU' if framework == 'pytorch' else 'host'} time over 3 profiled steps")
+    clock = "CPU" if framework == "pytorch" else "host"
+    assert table.startswith(f"top operations by self {clock} time over 3 profiled steps")
     assert table in capsys.readouterr().out + "\n"
 
 
