@@ -153,6 +153,22 @@ def test_gradscaler_gets_every_scaler_flag():
             scaler.get_growth_interval()) == (1024.0, 3.0, 0.25, 7)
 
 
+def test_a_resumed_gradscaler_grows_its_scale_at_the_commands_growth_interval(tmp_path):
+    """The scale and its count of clean steps come from the checkpoint, the growth interval
+    from the command, as Keras' LossScaleOptimizer is built from it: load_state_dict kept the
+    saved one."""
+    from GAN.vanilla_gan import gan_pytorch
+
+    out = str(tmp_path / "run")
+    tiny = ["--out", out, "--batch-size", "16", "--data-limit", "64", "--log-every", "1", "--sample-every", "0",
+            "--amp", "--amp-dtype", "float16", "--init-scale", "1024"]
+    gan_pytorch.main([*tiny, "--iters", "2"])  # two clean steps of the default interval, 2,000
+    gan_pytorch.main([*tiny, "--iters", "6", "--resume", "--growth-interval", "4"])
+    rows = [json.loads(line) for line in Path(out, "history.jsonl").read_text().splitlines()]
+    assert [row["skipped"] for row in rows] == [0] * 6
+    # growth after 4 clean steps in all: the 2 before the pause and steps 3 and 4
+    assert [row["loss_scale"] for row in rows] == [1024.0, 1024.0, 1024.0, 2048.0, 2048.0, 2048.0]
+
 def test_loss_scale_optimizer_gets_what_keras_supports_and_refuses_the_rest(capsys):
     import keras
 

@@ -66,8 +66,13 @@ class Checkpoints:
                 check_like(state["averages"][name], average.state_dict(), f"averages/{name}")
                 average.load_state_dict(state["averages"][name])
             if self.runtime.scaler.is_enabled():  # a disabled scaler's state is {}, which an enabled one refuses
-                check_like(state["scaler"], self.runtime.scaler.state_dict(), "scaler")
-                self.runtime.scaler.load_state_dict(state["scaler"])
+                live = self.runtime.scaler.state_dict()
+                check_like(state["scaler"], live, "scaler")
+                # The scale and its count of clean steps are the run's state; how the scale moves
+                # is this command's flags, as the Keras twin builds its LossScaleOptimizer from
+                # them (load_state_dict would bring back the saved --growth-interval).
+                self.runtime.scaler.load_state_dict({**state["scaler"], **{
+                    key: live[key] for key in ("growth_factor", "backoff_factor", "growth_interval")}})
             torch.set_rng_state(state["rng"]["cpu"])
             if "cuda" in state["rng"] and self.runtime.device.type == "cuda":
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.runtime.device)
