@@ -640,17 +640,22 @@ def _load_cifar10(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 # Image folders and resizing
 
 
+# 16-bit grayscale, as Pillow opens a 16-bit PNG: scaled to 8 bits, where Pillow's convert()
+# would clip every value above 255 to white
+GRAY_16_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
 def _load_image_folder(root: Path, image_size: int | None, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Images become RGB unless every one is 8-bit grayscale ("L"), which keeps one channel.
-    Without image_size all images must share one size; with it each is centre-cropped to a
-    square and resized. Every image's header is read (the channels and the size are the whole
-    folder's), but only the first `limit` images are decoded."""
+    """Images become RGB unless every one is grayscale (8-bit "L", or 16-bit scaled to 8),
+    which keeps one channel. Without image_size all images must share one size; with it each
+    is centre-cropped to a square and resized. Every image's header is read (the channels and
+    the size are the whole folder's), but only the first `limit` images are decoded."""
     files = _list_image_files(root)
     modes_and_sizes = []
     for path, _ in files:
         with _open_image(path) as image:  # opening reads only the header
             modes_and_sizes.append((image.mode, image.size))
-    grayscale = all(mode == "L" for mode, _ in modes_and_sizes)
+    grayscale = all(mode == "L" or mode in GRAY_16_BIT_MODES for mode, _ in modes_and_sizes)
     if image_size is not None:
         height = width = image_size
     else:
@@ -666,6 +671,8 @@ def _load_image_folder(root: Path, image_size: int | None, limit: int | None = N
     images = np.empty((len(files), height, width, channels), dtype=np.uint8)
     for index, (path, _) in enumerate(files):
         with _open_image(path) as image:
+            if image.mode in GRAY_16_BIT_MODES:  # 0..65535 -> 0..255, rounded
+                image = Image.fromarray(((np.asarray(image, dtype=np.uint32) * 255 + 32767) // 65535).astype(np.uint8))
             image = image.convert("L" if grayscale else "RGB")  # RGBA loses its alpha channel
             if image_size is not None:
                 image = _resize_square(image, image_size)

@@ -549,6 +549,21 @@ def test_folder_mixing_grayscale_and_rgb_becomes_rgb(tmp_path):
         np.testing.assert_array_equal(dataset.x[0, :, :, channel], gray)
 
 
+def test_a_16_bit_grayscale_folder_is_scaled_to_8_bits(tmp_path):
+    # Pillow's convert() clipped every value above 255: nearly every pixel came out white
+    wide = np.arange(0, 65536, 1040, dtype=np.uint16)[:60].reshape(6, 10)
+    save_image(tmp_path / "a.png", wide)
+    save_image(tmp_path / "b.png", np.full((6, 10), 65535, np.uint16))
+    assert Image.open(tmp_path / "a.png").mode == "I;16"  # as a 16-bit PNG opens
+    dataset = load_dataset("folder", tmp_path)
+    assert dataset.x.shape == (2, 6, 10, 1) and dataset.x.dtype == np.uint8
+    np.testing.assert_array_equal(dataset.x[0, ..., 0], np.round(wide / 257).astype(np.uint8))
+    assert (dataset.x[1] == 255).all()
+    save_image(tmp_path / "c.png", random_pixels((6, 10, 3), 0))  # beside colour: gray in 3 channels
+    mixed = load_dataset("folder", tmp_path)
+    np.testing.assert_array_equal(mixed.x[0, ..., 1], np.round(wide / 257).astype(np.uint8))
+
+
 def test_folder_with_mixed_sizes_needs_an_image_size(tmp_path):
     save_image(tmp_path / "a" / "small.png", random_pixels((8, 8, 3), 0))
     save_image(tmp_path / "b" / "large.png", random_pixels((16, 12, 3), 1))
