@@ -208,8 +208,11 @@ class RunFolder:
         if not (cfg.resume and run.latest_checkpoint()[0] >= cfg.iters):
             atomic_write(run.path / "config.json",
                          lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
-        run.samples.mkdir(exist_ok=True)
-        run.checkpoints.mkdir(exist_ok=True)
+        for folder in (run.samples, run.checkpoints):
+            if folder.exists() and not folder.is_dir():
+                raise UsageError(f"{folder} is a file where the run keeps its {folder.name}: move it "
+                                 "out of the run folder, or use --out for a new one")
+            folder.mkdir(exist_ok=True)
         return run
 
     def read_config(self) -> dict | None:

@@ -531,3 +531,13 @@ def test_a_relative_data_dir_is_recorded_absolute_and_reopens_from_another_folde
 
     monkeypatch.setenv("HOME", str(tmp_path))  # "~" that no shell expanded (--data-dir=~/a/data)
     assert parse_args("vanilla_gan", "pytorch", ["--data-dir=~/a/data"]).data_dir == str(tmp_path / "a" / "data")
+
+
+def test_a_file_where_the_run_keeps_its_samples_is_one_error_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(run)
+    shutil.rmtree(run / "samples")
+    (run / "samples").write_text("a file, not the grids' folder")
+    refused(capsys, "samples is a file where the run keeps its samples: move it out of the run folder", run,
+            "--resume", "--iters", "4", code=2)
+    assert (run / "samples").read_text() == "a file, not the grids' folder"
