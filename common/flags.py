@@ -123,13 +123,13 @@ def as_float32(value: float) -> float:
 
 def unit_interval(text: str) -> float:
     """A rate in [0, 1) that stays below 1 in float32: Adam's betas and the average's decay.
-    Past 1 - 2**-25 float32 rounds it to 1, where Keras' Adam divides its update by a bias
-    correction of 0 and the average stops moving, while PyTorch, in float64, trains on."""
+    From 1 - 2**-25 float32 rounds it to 1, where Keras' Adam divides by a bias correction of 0
+    (its updates are 0) and the average stops moving, while PyTorch, in float64, trains on."""
     value = _number(text)
     if not 0 <= value < 1:  # also refuses NaN
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
     if as_float32(value) == 1:
-        raise argparse.ArgumentTypeError(f"must be below 1 in float32 (at most 1 - 2**-24), got {text}")
+        raise argparse.ArgumentTypeError(f"must stay below 1 in float32 (below 1 - 2**-25), got {text}")
     return abs(value)  # -0.0 too reads as 0
 
 

@@ -366,8 +366,10 @@ class ProfileWindow:
         self.first = start_step + WARMUP_STEPS if cfg.profile and run.writable else None
         self.step, self.running = start_step, False
         if self.first is not None and self.first >= cfg.iters:
-            log(f"--profile: nothing profiled: {cfg.iters - start_step} steps to go, and the window starts "
-                f"{WARMUP_STEPS} steps in (tracing, warm-up); --iters {self.first + PROFILED_STEPS} profiles all of it")
+            if start_step < cfg.iters:  # a resume with nothing to train has nothing to profile
+                log(f"--profile: nothing profiled: {cfg.iters - start_step} steps to go, and the window "
+                    f"starts {WARMUP_STEPS} steps in (tracing, warm-up); --iters "
+                    f"{self.first + PROFILED_STEPS} profiles all of it")
             self.first = None
 
     def before(self, step: int):

@@ -187,6 +187,10 @@ class RunFolder:
         run = cls(run_dir_for(cfg, precision))
         config = {**json.loads(cfg.to_json()), "precision": precision, **details}
         if cfg.resume:
+            for folder in (run.samples, run.checkpoints):  # before anything is read or written
+                if folder.is_symlink() and not folder.exists() or folder.exists() and not folder.is_dir():
+                    raise UsageError(f"{folder} is not a folder, where the run keeps its {folder.name}: move it "
+                                     "out of the run folder, or use --out for a new run")
             config = run._check_resumable(config)
         elif run.path.exists() and not run.path.is_dir():
             raise UsageError(f"--out {run.path} is not a folder; name a folder for the run")
@@ -208,11 +212,8 @@ class RunFolder:
         if not (cfg.resume and run.latest_checkpoint()[0] >= cfg.iters):
             atomic_write(run.path / "config.json",
                          lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
-        for folder in (run.samples, run.checkpoints):
-            if folder.exists() and not folder.is_dir():
-                raise UsageError(f"{folder} is a file where the run keeps its {folder.name}: move it "
-                                 "out of the run folder, or use --out for a new one")
-            folder.mkdir(exist_ok=True)
+        run.samples.mkdir(exist_ok=True)
+        run.checkpoints.mkdir(exist_ok=True)
         return run
 
     def read_config(self) -> dict | None:

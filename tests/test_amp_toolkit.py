@@ -153,21 +153,28 @@ def test_gradscaler_gets_every_scaler_flag():
             scaler.get_growth_interval()) == (1024.0, 3.0, 0.25, 7)
 
 
-def test_a_resumed_gradscaler_grows_its_scale_at_the_commands_growth_interval(tmp_path):
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("steps_before, scales", [
+    (2, [1024.0] * 3 + [2048.0] * 4 + [4096.0] * 2),  # 2 + 2 clean steps, then every 4
+    (6, [1024.0] * 6 + [2048.0] * 3),                  # 6 clean steps, past 4: grows at the next one
+], ids=["count-below", "count-past"])
+def test_a_resumed_loss_scale_grows_at_the_commands_growth_interval(framework, steps_before, scales, tmp_path):
     """The scale and its count of clean steps come from the checkpoint, the growth interval
-    from the command, as Keras' LossScaleOptimizer is built from it: load_state_dict kept the
-    saved one."""
-    from GAN.vanilla_gan import gan_pytorch
+    from the command (PyTorch's load_state_dict brought back the saved one). A count past the
+    new interval grows at the next clean step: both libraries grow when the count equals the
+    interval, so it would never grow again."""
+    from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 
+    script = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}[framework]
     out = str(tmp_path / "run")
     tiny = ["--out", out, "--batch-size", "16", "--data-limit", "64", "--log-every", "1", "--sample-every", "0",
-            "--amp", "--amp-dtype", "float16", "--init-scale", "1024"]
-    gan_pytorch.main([*tiny, "--iters", "2"])  # two clean steps of the default interval, 2,000
-    gan_pytorch.main([*tiny, "--iters", "6", "--resume", "--growth-interval", "4"])
+            "--amp", "--amp-dtype", "float16", "--init-scale", "1024", "--no-tensorboard"]
+    script.main([*tiny, "--iters", str(steps_before)])  # clean steps of the default interval, 2,000
+    script.main([*tiny, "--iters", "9", "--resume", "--growth-interval", "4"])
     rows = [json.loads(line) for line in Path(out, "history.jsonl").read_text().splitlines()]
-    assert [row["skipped"] for row in rows] == [0] * 6
-    # growth after 4 clean steps in all: the 2 before the pause and steps 3 and 4
-    assert [row["loss_scale"] for row in rows] == [1024.0, 1024.0, 1024.0, 2048.0, 2048.0, 2048.0]
+    assert [row["skipped"] for row in rows] == [0] * 9
+    assert [row["loss_scale"] for row in rows] == scales
+
 
 def test_loss_scale_optimizer_gets_what_keras_supports_and_refuses_the_rest(capsys):
     import keras

@@ -43,8 +43,8 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--growth-interval", str(2**63)], "--growth-interval: must be from 1 to 2,147,483,647"),  # raised mid-run
     # Keras holds these in float32: a beta rounded to 1 divided its update by 0, a clip of 1e39
     # overflowed to inf (NaN losses), where PyTorch trained on
-    (["--beta2", "0.99999999"], "--beta2: must be below 1 in float32 (at most 1 - 2**-24), got 0.99999999"),
-    (["--ema-decay", "0.99999999"], "--ema-decay: must be below 1 in float32"),
+    (["--beta2", "0.99999999"], "--beta2: must stay below 1 in float32 (below 1 - 2**-25), got 0.99999999"),
+    (["--ema-decay", "0.99999999"], "--ema-decay: must stay below 1 in float32"),
     (["--clip-grad-norm", "1e39"], "--clip-grad-norm: must be 0 (off) or a positive number up to 10**6, got 1e39"),
     (["--weight-decay", "2e6"], "--weight-decay: must be 0 (off) or a positive number up to 10**6"),
     # 3 nearest neighbours need more than 3 samples: this failed after the training

@@ -533,11 +533,19 @@ def test_a_relative_data_dir_is_recorded_absolute_and_reopens_from_another_folde
     assert parse_args("vanilla_gan", "pytorch", ["--data-dir=~/a/data"]).data_dir == str(tmp_path / "a" / "data")
 
 
-def test_a_file_where_the_run_keeps_its_samples_is_one_error_line(tmp_path, capsys):
+@pytest.mark.parametrize("folder", ["samples", "checkpoints"])
+@pytest.mark.parametrize("kind", ["file", "dangling-link"])
+def test_a_file_where_the_run_keeps_a_folder_is_one_error_line_and_changes_nothing(folder, kind, tmp_path, capsys):
     run = tmp_path / "run"
     train(run)
-    shutil.rmtree(run / "samples")
-    (run / "samples").write_text("a file, not the grids' folder")
-    refused(capsys, "samples is a file where the run keeps its samples: move it out of the run folder", run,
+    shutil.rmtree(run / folder)
+    if kind == "file":
+        (run / folder).write_text("a file, not the run's folder")
+    else:
+        (run / folder).symlink_to(tmp_path / "gone")
+    settings = (run / "config.json").read_bytes()
+    refused(capsys, f"{folder} is not a folder, where the run keeps its {folder}: move it out of the run folder", run,
             "--resume", "--iters", "4", code=2)
-    assert (run / "samples").read_text() == "a file, not the grids' folder"
+    assert (run / "config.json").read_bytes() == settings  # the refused resume wrote nothing
+    if kind == "file":
+        assert (run / folder).read_text() == "a file, not the run's folder"

@@ -312,6 +312,9 @@ def test_profile_of_a_run_too_short_for_its_window_says_so(tmp_path, capsys):
     train("pytorch", out, "--iters", "3", "--profile")
     assert "--profile: nothing profiled: 3 steps to go" in capsys.readouterr().out
     assert not (out / "profile").exists() and (out / "summary.json").exists()
+    train("pytorch", out, "--iters", "3", "--resume", "--profile")  # nothing to train: nothing to say
+    assert "--profile" not in capsys.readouterr().out
+
 
 def write_png_folder(root, count, size=(12, 12), mode="RGB"):
     from PIL import Image

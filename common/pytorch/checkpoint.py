@@ -70,9 +70,13 @@ class Checkpoints:
                 check_like(state["scaler"], live, "scaler")
                 # The scale and its count of clean steps are the run's state; how the scale moves
                 # is this command's flags, as the Keras twin builds its LossScaleOptimizer from
-                # them (load_state_dict would bring back the saved --growth-interval).
-                self.runtime.scaler.load_state_dict({**state["scaler"], **{
-                    key: live[key] for key in ("growth_factor", "backoff_factor", "growth_interval")}})
+                # them (load_state_dict would bring back the saved --growth-interval). A count
+                # past a shorter interval would never equal it again: it grows at the next
+                # clean step instead, in both frameworks.
+                scaler = {**state["scaler"], **{key: live[key] for key in ("growth_factor", "backoff_factor",
+                                                                            "growth_interval")}}
+                scaler["_growth_tracker"] = min(scaler["_growth_tracker"], live["growth_interval"] - 1)
+                self.runtime.scaler.load_state_dict(scaler)
             torch.set_rng_state(state["rng"]["cpu"])
             if "cuda" in state["rng"] and self.runtime.device.type == "cuda":
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.runtime.device)

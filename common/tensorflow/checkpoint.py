@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import keras
 import numpy as np
 
 from common.data import read_npz_arrays
@@ -93,6 +94,13 @@ class Checkpoints:
                 if arrays[key].dtype.kind == "i" and (arrays[key] < 0).any():
                     raise CheckpointError(f"checkpoint {path} is damaged: {key} holds a negative count")
                 variable.assign(arrays[key])
+        for optimizer in self.trainer.optimizers.values():
+            if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+                # its scale grows when the count of clean steps equals --growth-interval - 1: a
+                # count past a shorter interval than the run's grows at the next clean step
+                # instead of never, as the PyTorch twin's
+                limit = optimizer.dynamic_growth_steps - 1
+                optimizer.step_counter.assign(min(int(optimizer.step_counter.numpy()), limit))
         if found == OLD_NOISE_FORMAT:
             meta["warning"] = (f"warning: {path} predates the counted noise (format 1): its noise restarts, so "
                                "training on from it does not end as an uninterrupted run would")
