@@ -46,7 +46,8 @@ MAX_LR = 1e6              # far past any useful rate (a test drives a run to inf
 MIN_LOSS_SCALE, MAX_LOSS_SCALE = 2.0**-64, 2.0**64
 # A gradient-norm clip or weight decay far past any use: Keras' float32 copy of 1e39 overflowed
 # to inf and the losses were NaN from the first step (with the clip, PyTorch trained).
-MAX_CLIP_NORM = MAX_WEIGHT_DECAY = 1e6
+MAX_CLIP_OR_DECAY = 1e6
+clip_or_decay = flags.positive_float_up_to(MAX_CLIP_OR_DECAY, "10**6", zero_is_off=True)  # type= of both
 learning_rate = flags.positive_float_up_to(MAX_LR, "10**6")  # type= of every script's --lr
 loss_scale = flags.float_in(MIN_LOSS_SCALE, MAX_LOSS_SCALE, "2**-64 to 2**64")
 
@@ -160,14 +161,14 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     training.add_argument("--beta1", type=flags.unit_interval, help="Adam beta1")
     training.add_argument("--beta2", type=flags.unit_interval, help="Adam beta2")
     training.add_argument("--optimizer", choices=("adam", "adamw"), help="optimizer")
-    training.add_argument("--weight-decay", type=flags.off_or_float_up_to(MAX_WEIGHT_DECAY, "10**6"),
+    training.add_argument("--weight-decay", type=clip_or_decay,
                           help="decoupled weight decay (adamw only)")
     training.add_argument("--xla", action="store_true",
                           help="TensorFlow: compile the training step with XLA (jit_compile)")
     training.add_argument("--compile", action="store_true",
                           help="PyTorch: compile the networks with torch.compile (static shapes; "
                                "the first steps are slow while it compiles)")
-    training.add_argument("--clip-grad-norm", type=flags.off_or_float_up_to(MAX_CLIP_NORM, "10**6"),
+    training.add_argument("--clip-grad-norm", type=clip_or_decay,
                           help="clip the global gradient norm of each network (0: off); under "
                                "float16 the gradients are unscaled first")
     training.add_argument("--ema-decay", type=flags.unit_interval, metavar="DECAY",

@@ -91,14 +91,16 @@ def positive_float(text: str) -> float:
     return value
 
 
-def positive_float_up_to(high: float, shown: str | None = None):
-    """A positive float flag up to `high`: as int_in's bound, it turns an absurd value into a
-    message, here before a framework fails to convert it to float32 deep in a step."""
+def positive_float_up_to(high: float, shown: str | None = None, zero_is_off: bool = False):
+    """A positive float flag up to `high` (or 0, with `zero_is_off`): as int_in's bound, it
+    turns an absurd value into a message, here before a framework fails to convert it to
+    float32 deep in a step."""
 
     def parse(text: str) -> float:
-        value = positive_float(text)
+        value = non_negative_float(text) if zero_is_off else positive_float(text)
         if value > high:
-            raise argparse.ArgumentTypeError(f"must be a positive number up to {shown or f'{high:g}'}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be {'0 (off) or ' if zero_is_off else ''}a positive number "
+                                             f"up to {shown or f'{high:g}'}, got {text}")
         return value
 
     return parse
@@ -140,19 +142,6 @@ def non_negative_float(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive finite number, got {text}")
     return value
-
-
-def off_or_float_up_to(high: float, shown: str):
-    """0 (off) or a positive float up to `high`: as positive_float_up_to's bound, before a
-    framework's float32 copy overflows."""
-
-    def parse(text: str) -> float:
-        value = non_negative_float(text)
-        if value > high:
-            raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive number up to {shown}, got {text}")
-        return value
-
-    return parse
 
 
 def path_text(text: str) -> str:
