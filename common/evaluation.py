@@ -178,16 +178,36 @@ def rerun_flags(config: dict, step: int) -> list[str]:
         value = config.get(key)
         if value is None or (key == "amp_dtype" and not config.get("amp")):
             continue
+        if key == "device":  # PyTorch records the device it ran on, "cuda:0"; the flag names its kind
+            value = str(value).split(":")[0]
         flags += [f"--{key.replace('_', '-')}", str(value)]
     if config.get("tensorboard") is False:  # its metrics go where its curves went: nowhere
         flags.append("--no-tensorboard")
     return [*flags, "--iters", str(step)]
 
 
+def check_evaluable(folder: Path) -> None:
+    """The run's script is reopened with --resume up to its summary's step: that trains nothing
+    only when the last checkpoint is at that step. A run stopped on inf/NaN losses (its last
+    good checkpoint is earlier) or one whose last checkpoint is gone would be retrained there,
+    its history, summary and checkpoints rewritten. One UserError line instead."""
+    run = RunFolder(folder)
+    _, summary = run.read_finished()
+    if "stopped" in summary:
+        raise UserError(f"{folder} stopped at step {summary['step']} ({summary['stopped']}): it has no "
+                        "trained model to evaluate; continue it with --resume (and a lower --lr)")
+    latest = run.latest_checkpoint()
+    if latest is None or latest[0] != summary["step"]:
+        raise UserError(f"{folder} has no checkpoint at the step of its summary ({summary['step']}; "
+                        f"last checkpoint: {latest[0] if latest else 'none'}), so evaluating it would "
+                        "train it: continue it with --resume first")
+
+
 def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1) -> dict:
     """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
     left to train) and `--evaluate samples`; return the metrics it wrote to summary.json, with
     "draws" as `evaluate` returns them under --eval-draws."""
+    check_evaluable(folder)
     config, summary = RunFolder(folder).read_finished()
     if config.get("model") not in models.MODELS or config.get("framework") not in models.FRAMEWORKS:
         raise UserError(f"{folder}: not a run of this repository (model {config.get('model')!r}, "

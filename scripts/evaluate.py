@@ -28,25 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import evaluation, flags
 from common.config import MAX_EVAL_DRAWS, MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE
-from common.errors import UsageError, UserError, exit_on_user_error
-from common.runs import RunFolder
-
-
-def check_evaluable(folder: Path) -> None:
-    """The run's script is reopened with --resume up to its summary's step: that trains nothing
-    only when the last checkpoint is at that step. A run stopped on inf/NaN losses (its last
-    good checkpoint is earlier) or one whose last checkpoint is gone would be retrained there,
-    its history, summary and checkpoints rewritten. One UserError line instead."""
-    run = RunFolder(folder)
-    _, summary = run.read_finished()
-    if "stopped" in summary:
-        raise UserError(f"{folder} stopped at step {summary['step']} ({summary['stopped']}): it has no "
-                        "trained model to evaluate; continue it with --resume (and a lower --lr)")
-    latest = run.latest_checkpoint()
-    if latest is None or latest[0] != summary["step"]:
-        raise UserError(f"{folder} has no checkpoint at the step of its summary ({summary['step']}; "
-                        f"last checkpoint: {latest[0] if latest else 'none'}), so evaluating it would "
-                        "train it: continue it with --resume first")
+from common.errors import UsageError, exit_on_user_error
 
 
 @exit_on_user_error
@@ -65,7 +47,7 @@ def main(argv=None) -> int:
         raise UsageError("name at least one run folder, or --floor")
     measured_images = False
     for folder in args.runs:  # all of them before the first is measured
-        check_evaluable(folder)
+        evaluation.check_evaluable(folder)
     for folder in args.runs:
         results = evaluation.evaluate_run(folder, args.samples, args.iwae_k, args.draws)
         draws = results.pop("draws", None)

@@ -148,6 +148,13 @@ def test_evaluate_refuses_a_run_that_stopped_on_nonfinite_losses(tmp_path, capsy
     with pytest.raises(SystemExit) as exit_info:
         evaluate.main([str(finished), "--samples", "10"])
     assert exit_info.value.code == 1 and "no checkpoint at the step of its summary" in capsys.readouterr().err
+    # quality_table.py measures through evaluate_run, which checks the same: it retrained the run
+    from common import evaluation
+    from common.errors import UserError
+
+    with pytest.raises(UserError, match="no checkpoint at the step of its summary"):
+        evaluation.evaluate_run(finished, 10, None)
+    assert files(finished) == before
     assert files(finished) == before
 
 
@@ -407,6 +414,8 @@ def test_a_run_from_before_the_average_of_g_resumes_and_reopens(tmp_path):
     (run / "config.json").write_text(json.dumps(config))
     flags = evaluation.rerun_flags(config, 2)
     assert flags[flags.index("--ema-decay") + 1] == "0.0"
+    flags = evaluation.rerun_flags({**config, "device": "cuda:0"}, 2)  # as a PyTorch run on CUDA records it
+    assert flags[flags.index("--device") + 1] == "cuda"
     assert quality_table.settings_differences(config, {"ema_decay": 0.0, "seed": today["seed"]}) == []
     plan = SimpleNamespace(folder=run, config=SimpleNamespace(iters=2), expected=lambda: today)
     assert compare.decide(plan, reuse=True, overwrite=False) is None  # finished, and reused
