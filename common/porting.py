@@ -30,6 +30,7 @@ from common.errors import CheckpointError, described
 from common.runs import atomic_write, check_regular_file
 
 WEIGHTS_FORMAT = 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 LayerWeights = tuple[str, list[np.ndarray]]  # (Keras layer kind, arrays in Keras layout)
 
@@ -85,6 +86,11 @@ def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
             if any(value.dtype.kind not in "fiu" for value in values):  # strings would reach torch.from_numpy
                 raise CheckpointError(f"{path} is not a weights file of this repository: layer {index} "
                                       f"of {network} holds {', '.join(str(v.dtype) for v in values)}, not numbers")
+            # inf/NaN, or past float32's range: the run would train on NaN (its checkpoints
+            # then refused by --resume), as checkpoints holding them are refused
+            if any(value.size and not (np.abs(value.astype(np.float64)) <= FLOAT32_MAX).all() for value in values):
+                raise CheckpointError(f"{path} holds inf/NaN or values past float32's range in layer {index} "
+                                      f"of {network}: weights a run cannot start from")
     return networks, meta
 
 

@@ -498,7 +498,19 @@ WEIGHTS_EDITS = {
     "meta a list": (set_meta([1]), "has no valid meta"),
     "sample_shape 5": (set_meta({"model": "vanilla_gan", "sample_shape": 5}), "no valid sample_shape"),
     "a string weight": (lambda a: a.__setitem__("layers/generator/000/0", np.array([["x"]])), "not numbers"),
+    # trained on NaN, its checkpoints then refused by --resume
+    "a NaN weight": (lambda a: poke(a, "layers/generator/000/0", np.nan), "holds inf/NaN or values past float32's"),
+    "float64 past float32": (lambda a: poke(a, "layers/discriminator/001/1", 1e300, np.float64),
+                             "past float32's range"),
+    # PyTorch dropped an extra array without a word (zip), or indexed past a missing one
+    "an extra array": (lambda a: a.__setitem__("layers/generator/000/2", np.zeros(3, np.float32)),
+                       "does not fit this model's generator: Linear: PyTorch holds 2 arrays, the weights give 3"),
 }
+
+
+def poke(arrays, key, value, dtype=np.float32):
+    arrays[key] = arrays[key].astype(dtype)
+    arrays[key].flat[0] = value
 
 
 @pytest.mark.parametrize("edit", WEIGHTS_EDITS)

@@ -59,6 +59,10 @@ def import_weights(module: torch.nn.Module, layers: list[LayerWeights], image_sh
     flat = None if order is None else order.size
     with torch.no_grad():
         for layer, (kind, values) in zip(targets, layers):
+            arrays = {"Dense": 2, "BatchNormalization": 4}.get(kind, 1 if layer.bias is None else 2)
+            if len(values) != arrays:  # zip() below would drop the extra ones, or index past the end
+                raise ValueError(f"{type(layer).__name__}: PyTorch holds {arrays} arrays, "
+                                 f"the weights give {len(values)}")
             if kind == "Dense":
                 kernel, bias = values
                 if flat and kernel.shape[0] == flat:
