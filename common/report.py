@@ -78,6 +78,8 @@ def read_png(path: Path) -> np.ndarray:
 def read_grid(side: Side, step: int) -> np.ndarray:
     """A saved grid as float RGB in [0, 1]."""
     image = read_png(side.run.sample_path(step))
+    if image.ndim == 2:  # a grayscale PNG
+        image = np.stack([image] * 3, axis=-1)
     return image[..., :3].astype(np.float64)
 
 
@@ -86,8 +88,16 @@ def sample_drift(sides: list[Side], steps: list[int]) -> dict[int, float]:
     0 at step 0 when both start from the same weights, then how far the trainings drift."""
     if len(sides) != 2 or not all(side.shows_images for side in sides):
         return {}
-    return {step: float(np.abs(read_grid(sides[0], step) - read_grid(sides[1], step)).mean())
-            for step in steps}
+    drift = {}
+    for step in steps:
+        first, second = read_grid(sides[0], step), read_grid(sides[1], step)
+        if first.shape != second.shape:  # the runs write equal grids: one was replaced
+            paths = [side.run.sample_path(step) for side in sides]
+            raise UserError(f"{paths[0]} and {paths[1]} are grids of other sizes ({first.shape[1]}x"
+                            f"{first.shape[0]}, {second.shape[1]}x{second.shape[0]}): one is not its run's; "
+                            "delete it or train the run again")
+        drift[step] = float(np.abs(first - second).mean())
+    return drift
 
 
 def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:

@@ -3,6 +3,7 @@ report after tiny two-framework runs."""
 import json
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -153,3 +154,10 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
         compare.main([*flags, "--same-init", "--reuse", "--lr", "1e-4"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "lr: 0.0002 here, 0.0001 asked" in err
+
+    grid = runs / "vanilla_gan" / "tensorflow-fp32-init-pytorch" / "samples" / "step_000000.png"
+    plt.imsave(grid, np.zeros((10, 10, 3)))  # a valid PNG of another size: numpy's broadcast error before
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([*flags, "--same-init", "--reuse"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and "are grids of other sizes" in err and "\n" not in err, err
