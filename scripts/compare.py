@@ -34,10 +34,13 @@ from common import models, report
 from common.config import RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.flags import OneLineErrorParser, output_folder
-from common.runs import read_json, settings_as_today
+from common.runs import RunFolder, read_json, settings_as_today
 
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
-MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype")
+# what a run's results depend on: the settings --resume keeps, and those a run may change
+# between pauses that shape its training (clipping, loss scaling) or its step time (compilers)
+MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype", "clip_grad_norm", "init_scale", "growth_interval",
+            "growth_factor", "backoff_factor", "xla", "compile")
 
 
 def device_type(device: str) -> str:
@@ -98,6 +101,9 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
     if done > plan.config.iters:
         raise UsageError(f"cannot reuse {folder}: it trained {done} iterations, --iters asks for "
                          f"{plan.config.iters}; --overwrite to train it again")
+    if RunFolder(folder).latest_checkpoint() is None:  # stopped before its first checkpoint: nothing to keep
+        print(f"compare: {folder} holds no checkpoint yet: training it from the start", flush=True)
+        return ["--overwrite"]
     return ["--resume"]
 
 

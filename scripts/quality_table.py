@@ -70,9 +70,10 @@ def settings_differences(config: dict, wanted: dict) -> list[str]:
     return [f"{name} {config.get(name)}, not {value}" for name, value in wanted.items() if config.get(name) != value]
 
 
-def measured_float32_fid(folder: Path, wanted: dict) -> float | None:
-    """The FID of a finished float32 run of these settings measured before, or None: what AMP's
-    "FID vs fp32" is divided by when this call trains no float32 run (--precisions amp)."""
+def measured_float32_fid(folder: Path, wanted: dict, samples: int) -> float | None:
+    """The FID of a finished float32 run of these settings measured before on `samples`
+    samples (FID shrinks as the count grows), or None: what AMP's "FID vs fp32" is divided by
+    when this call trains no float32 run (--precisions amp)."""
     try:
         config = read_json(folder / "config.json")
         summary = read_json(folder / "summary.json")
@@ -80,7 +81,8 @@ def measured_float32_fid(folder: Path, wanted: dict) -> float | None:
         return None
     if settings_differences(config, wanted) or summary.get("step") != config.get("iters"):
         return None
-    return summary.get("metrics", {}).get("fid")
+    metrics = summary.get("metrics", {})
+    return metrics.get("fid") if metrics.get("samples") == samples else None
 
 
 def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict | None:
@@ -90,7 +92,8 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     if args.table_only:
         summary = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
         finished = summary.get("metrics") and not summary.get("stopped_early")
-        if not finished:
+        # measured on this call's --samples: the floor beside it is, and FID shrinks as they grow
+        if not finished or summary["metrics"].get("samples") != sample_count(dataset, args.samples):
             return None
         config = read_json(folder / "config.json", hint=AGAIN)
         wanted = training_settings(model, dataset, framework, amp, args, seed)
@@ -131,7 +134,8 @@ def seed_runs(model: str, dataset: str, framework: str, args) -> tuple[list[dict
     for seed in args.seeds:
         if "fp32" not in args.precisions:
             fid = measured_float32_fid(run_folder(args.runs, model, dataset, framework, False, seed),
-                                       training_settings(model, dataset, framework, False, args, seed))
+                                       training_settings(model, dataset, framework, False, args, seed),
+                                       sample_count(dataset, args.samples))
             if fid:
                 fp32_fids[seed] = fid
         for amp in (False, True):
@@ -231,6 +235,8 @@ def main(argv=None) -> int:
     parser.add_argument("--table-only", action="store_true",
                         help="train and measure nothing: tabulate the measured runs there are")
     args = parser.parse_args(argv)
+    if args.table_only and args.overwrite:
+        raise UsageError("--table-only and --overwrite contradict each other: --table-only trains nothing")
     if len(set(args.seeds)) != len(args.seeds):
         raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds")
 
@@ -246,8 +252,8 @@ def main(argv=None) -> int:
                 if len(args.seeds) > 1:
                     rows += seed_means(runs, fp32_fids)
     if args.table_only and not rows:
-        raise UserError(f"no measured runs of these settings under {args.runs}: --table-only trains "
-                        "nothing; leave it out to train them")
+        raise UserError(f"no runs of these settings measured on --samples {args.samples} under {args.runs}: "
+                        "--table-only trains and measures nothing; leave it out to do so")
     floor = evaluation.real_data_floor(args.samples)
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})

@@ -1,6 +1,7 @@
 """--init-from across the frameworks, the weights file both read, and scripts/compare.py's
 report after tiny two-framework runs."""
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -161,3 +162,17 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
         compare.main([*flags, "--same-init", "--reuse"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and "are grids of other sizes" in err and "\n" not in err, err
+
+    # A run killed before its first checkpoint has nothing to resume: it is trained again
+    killed = grid.parents[1]
+    shutil.rmtree(killed / "checkpoints")
+    (killed / "summary.json").unlink()
+    assert compare.main([*flags, "--same-init", "--reuse"]) == 0
+    assert "holds no checkpoint yet: training it from the start" in capsys.readouterr().out
+    assert json.loads((killed / "summary.json").read_text())["step"] == 6
+
+    # settings that shape the training, beyond those --resume keeps, are compared too
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([*flags, "--same-init", "--reuse", "--clip-grad-norm", "0.01"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "clip_grad_norm: 0.0 here, 0.01 asked" in err

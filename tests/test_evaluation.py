@@ -268,7 +268,10 @@ def test_quality_table_lr_overrides_every_models_learning_rate(tmp_path, capsys)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         tabulated()  # the model's default learning rate: no run of it here
-    assert exit_info.value.code == 1 and "no measured runs of these settings" in capsys.readouterr().err
+    assert exit_info.value.code == 1 and "no runs of these settings measured" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        tabulated("--lr", "1e-3", "--samples", "200")  # measured on 100: FID moves with the count
+    assert exit_info.value.code == 1 and "measured on --samples 200" in capsys.readouterr().err
 
 
 def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
@@ -333,6 +336,11 @@ def test_quality_table_trains_only_the_precisions_asked_for(tmp_path):
     amp = json.loads((tmp_path / "quality_table.json").read_text())["rows"][1]
     assert (fp32["precision"], amp["precision"]) == ("fp32", "amp-bf16")
     assert amp["fid_ratio"] == pytest.approx(amp["metrics"]["fid"] / fp32["metrics"]["fid"])
+
+    # ... but not with float32's FID on another sample count (FID shrinks as the count grows)
+    assert quality_table.main([*argv[:-4], "60", *argv[-3:], "amp"]) == 0
+    amp = json.loads((tmp_path / "quality_table.json").read_text())["rows"][1]
+    assert amp["metrics"]["samples"] == 60 and "fid_ratio" not in amp
 
 
 def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_path, capsys):

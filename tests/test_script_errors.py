@@ -320,8 +320,11 @@ def test_quality_table_only_says_when_there_is_nothing_to_tabulate(tmp_path, cap
 
     argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "ring8", "--samples", "10",
             "--runs", str(tmp_path / "typo"), "--table-only"]
-    assert "no measured runs of these settings under" in one_line_exit(capsys, lambda: quality_table.main(argv), code=1)
+    assert "no runs of these settings measured on --samples 10 under" in one_line_exit(
+        capsys, lambda: quality_table.main(argv), code=1)
     assert not (tmp_path / "typo").exists()
+    assert "--table-only and --overwrite contradict" in one_line_exit(
+        capsys, lambda: quality_table.main([*argv, "--overwrite"]), code=2)
 
 
 @pytest.mark.parametrize("argv, message", [
