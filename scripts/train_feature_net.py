@@ -12,9 +12,10 @@ tests/test_feature_net.py checks that the two agree.
 Reproducible: fixed seed, deterministic algorithms, CPU, one thread. Trains on the 60,000
 MNIST training images (the embedded copy), reports accuracy on all 10,000 test images, and
 writes common/assets/mnist_feature_net.npz (plain float32 arrays) atomically. Exits with status
-1 and keeps any existing weights if test accuracy is below 99%. Only that run writes the
-committed weights by default: under --amp, --data-limit, --test-limit, a non-CPU --device or
---result-json the weights are written only to an explicit --out (same 99% gate).
+1 and keeps any existing weights if test accuracy is below 99%. Only that run, with its default
+flags, writes the committed weights: under --amp, --data-limit, --test-limit, a non-CPU --device,
+--result-json, or another --epochs, --batch-size, --lr, --seed or --tf32 the weights are written
+only to an explicit --out (same 99% gate).
 
 --amp trains under torch.autocast (bfloat16 on CPU, float16 with a GradScaler on CUDA, or
 --amp-dtype), and the test accuracy is measured under the same autocast. Each epoch prints its
@@ -129,12 +130,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+# The flags of the run whose weights are committed: every FID depends on them
+REPRODUCIBLE_RUN = ("epochs", "batch_size", "lr", "seed", "amp", "amp_dtype", "tf32", "device", "data_limit",
+                    "test_limit", "result_json")
+
+
 def weights_destination(args: argparse.Namespace) -> Path | None:
-    """--out if given; else the committed weights, from the reproducible float32 CPU run on all
-    the data only, so that an AMP, data-limited or GPU run never silently replaces them."""
+    """--out if given; else the committed weights, from the reproducible run only (float32, CPU,
+    all the data, the default epochs, batch size, rate and seed), so that no other run silently
+    replaces them."""
     if args.out:
         return args.out
-    if args.amp or args.data_limit or args.test_limit or args.device != "cpu" or args.result_json:
+    defaults = parse_args([])
+    if any(getattr(args, name) != getattr(defaults, name) for name in REPRODUCIBLE_RUN):
         return None
     return DEFAULT_WEIGHTS
 
@@ -260,8 +268,8 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write(args.result_json, lambda file: file.write(json.dumps(result, indent=2).encode()))
     destination = weights_destination(args)
     if destination is None:
-        print(f"weights not written: only the reproducible run (float32, CPU, all the data) replaces "
-              f"{DEFAULT_WEIGHTS.name}; pass --out PATH to keep these")
+        print(f"weights not written: only the reproducible run (its default flags: float32, CPU, all the data) "
+              f"replaces {DEFAULT_WEIGHTS.name}; pass --out PATH to keep these")
         return
     if result["test_accuracy"] < MIN_TEST_ACCURACY:
         raise UserError(f"test accuracy {result['test_accuracy']:.4f} is below {MIN_TEST_ACCURACY}; "

@@ -196,7 +196,8 @@ def test_only_the_reproducible_run_writes_the_committed_weights(training_script,
     assert destination([]) == committed
     # each condition alone keeps the committed weights (the runs below all carry --data-limit)
     for flags in (["--amp"], ["--device", "cuda"], ["--test-limit", "10"],
-                  ["--result-json", str(tmp_path / "result.json")], ["--data-limit", "10"]):
+                  ["--result-json", str(tmp_path / "result.json")], ["--data-limit", "10"], ["--seed", "1"],
+                  ["--epochs", "5"], ["--batch-size", "64"], ["--lr", "2e-3"], ["--tf32", "off"]):
         assert destination(flags) is None, flags
     assert destination(["--amp", "--out", str(tmp_path / "mine.npz")]) == tmp_path / "mine.npz"
     monkeypatch.setattr(training_script, "MIN_TEST_ACCURACY", 0.0)  # so that only the destination rule stops a write
