@@ -188,7 +188,7 @@ class RunFolder:
         config = {**json.loads(cfg.to_json()), "precision": precision, **details}
         if cfg.resume:
             for folder in (run.samples, run.checkpoints):  # before anything is read or written
-                if folder.is_symlink() and not folder.exists() or folder.exists() and not folder.is_dir():
+                if (folder.exists() or folder.is_symlink()) and not folder.is_dir():  # a file, a dangling link
                     raise UsageError(f"{folder} is not a folder, where the run keeps its {folder.name}: move it "
                                      "out of the run folder, or use --out for a new run")
             config = run._check_resumable(config)
