@@ -410,7 +410,10 @@ class ProfileWindow:
 def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board, step: int,
                   log_interval: IntervalLog, finishing: bool, clock: StepClock):
     """Checkpoints every --checkpoint-every (the last two kept), sample grids (also to
-    TensorBoard) every --sample-every steps, and both at the last step. A grid that cannot be
+    TensorBoard) every --sample-every steps, and both at the last step. A state whose weights
+    or optimizer have gone inf/NaN is checkpointed only at the last step (evaluate.py measures
+    it; --resume refuses to train on from it): before, it would have pruned the good
+    checkpoints --resume needs after a divergence (stop_diverged). A grid that cannot be
     written costs no training while a checkpoint still can be: the checkpoint comes first, and
     a grid between two checkpoints that fails is followed by one of its step before its error
     ends the run; --resume draws the grid. (On a full disk that checkpoint usually fails too.)"""
@@ -424,6 +427,8 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
         return
 
     def save_checkpoint():
+        if not finishing and session.checkpoints.nonfinite():
+            return
         session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
                                  {"step": step, "skipped_total": skipped_total, "model": cfg.model})
         run.prune_checkpoints()

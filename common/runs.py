@@ -148,6 +148,9 @@ class Checkpoints(Protocol):
     def save(self, path: Path, meta: dict) -> None:
         """Write atomically; `meta` holds the step, the skipped-step count and the model."""
 
+    def nonfinite(self) -> str | None:
+        """Where the live state (weights, optimizer state, averages) first holds inf/NaN, or None."""
+
     def restore(self, path: Path) -> dict:
         """Load the state; returns the meta it was saved with, checked by `check_meta` (and
         "warning", a line to print, for an older checkpoint that loads with a caveat, and

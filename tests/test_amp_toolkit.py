@@ -24,8 +24,9 @@ class ScriptedSession:
     precision = "fp32"
     replicas = OneProcess()
 
-    def __init__(self, values, scale=1.0):
+    def __init__(self, values, scale=1.0, weights_nonfinite_from=None):
         self.values, self.scale, self.step = values, scale, 0
+        self.weights_nonfinite_from = weights_nonfinite_from
         self.saved, self.saved_meta = [], []
         self.checkpoints = self  # saves nothing but the names and metadata
         self.suffix = "npz"
@@ -60,6 +61,10 @@ class ScriptedSession:
         self.saved.append(path.name)
         self.saved_meta.append(meta)
 
+    def nonfinite(self):
+        gone = self.weights_nonfinite_from is not None and self.step >= self.weights_nonfinite_from
+        return "modules/generator/0" if gone else None
+
     def peak_memory_mb(self):
         return 1.0
 
@@ -70,14 +75,14 @@ class ScriptedSession:
         raise AssertionError("scripted runs are made with tensorboard=False")
 
 
-def run_loop(tmp_path, values, scale=1.0, **settings):
+def run_loop(tmp_path, values, scale=1.0, weights_nonfinite_from=None, **settings):
     settings = {"log_every": 10, "sample_every": 0, "checkpoint_every": 0, **settings}
     cfg = RunConfig(model="fake", framework="none", batch_size=4, tensorboard=False,  # no writer here
                     **settings)
     run = RunFolder(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)
     messages = []
-    session = ScriptedSession(values, scale)
+    session = ScriptedSession(values, scale, weights_nonfinite_from)
     try:
         summary = loop.train(cfg, run, session, num_examples=64, log=messages.append)
     except loop.TrainingDiverged as error:
@@ -129,6 +134,25 @@ def test_losses_that_stay_nonfinite_stop_the_run_with_a_checkpoint(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["step"] == 70 and summary["stopped"] == "losses inf/NaN since step 30"
     assert history[-1]["nonfinite_steps"] == 10
+
+
+def test_a_divergence_keeps_the_good_checkpoints_and_names_the_last(tmp_path):
+    # the weights go NaN at step 30; checkpoints every 5 steps, a patience of 40 steps
+    values = lambda step: {"loss": math.nan if step >= 30 else 1.0}
+    error, _, _, session = run_loop(tmp_path, values, weights_nonfinite_from=30, iters=1000,
+                                    checkpoint_every=5, nonfinite_patience=40)
+    # no checkpoint of NaN weights pruned the good ones: --resume picks step 25's
+    assert session.saved[-3:] == ["step_000020.npz", "step_000025.npz", "diverged_step_000070.npz"]
+    assert RunFolder(tmp_path / "run").latest_checkpoint()[0] == 25
+    assert "last good checkpoint (step 25)" in str(error)
+
+
+def test_a_run_that_ends_on_nonfinite_weights_keeps_its_last_state(tmp_path):
+    # evaluate.py measures a finished run at its last step, whatever it holds
+    values = lambda step: {"loss": math.nan if step >= 30 else 1.0}
+    _, _, _, session = run_loop(tmp_path, values, weights_nonfinite_from=30, iters=40,
+                                checkpoint_every=5, nonfinite_patience=100)
+    assert session.saved[-2:] == ["step_000025.npz", "step_000040.npz"]
 
 
 def test_occasional_nonfinite_losses_do_not_stop_the_run(tmp_path):

@@ -14,6 +14,7 @@ import torch
 
 from common import porting, sampling
 from common.pytorch import checkpoint as pytorch_checkpoint
+from common.runs import RunFolder
 from common.tensorflow import checkpoint as tensorflow_checkpoint
 from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
@@ -365,6 +366,13 @@ PT_EDITS = {
                      "holds inf/NaN in optimizers/generator/state/0/exp_avg_sq"),
     "a weight inf": (lambda s: next(iter(s["modules"]["generator"].values())).fill_(float("inf")),
                      "holds inf/NaN in modules/generator/"),
+    # checked as loaded: float64 1e300 is inf in the float32 weight, the scale inf or 0 skips every step
+    "a float64 weight past float32": (lambda s: s["modules"]["generator"].__setitem__(
+        next(iter(s["modules"]["generator"])),
+        torch.full_like(next(iter(s["modules"]["generator"].values())), 1e300, dtype=torch.float64)),
+        "holds inf/NaN in modules/generator/"),
+    "scale past float32": (lambda s: s["scaler"].__setitem__("scale", 1e300), "scaler/scale is inf"),
+    "scale 0": (lambda s: s["scaler"].__setitem__("scale", 0.0), "scaler/scale is 0.0"),
 }
 
 
@@ -383,6 +391,36 @@ def test_a_hand_edited_pytorch_checkpoint_is_one_error_line(edit, pytorch_run, t
     change, message = PT_EDITS[edit]
     edit_pt(run / "checkpoints" / "step_000002.pt", change)
     refused(capsys, message, run, "--amp", "--amp-dtype", "float16", "--resume", "--iters", "4")
+
+
+def floats_of(path):
+    """Every floating-point array a checkpoint holds, as numpy."""
+    if path.suffix == ".npz":
+        with np.load(path) as stored:
+            return [stored[key] for key in stored.files if stored[key].dtype.kind == "f"]
+    found, pending = [], [torch.load(path, weights_only=True)]
+    while pending:
+        value = pending.pop()
+        if torch.is_tensor(value) and value.is_floating_point():
+            found.append(value.numpy())
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return found
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_diverging_run_checkpoints_no_nan_weights_for_resume_to_pick(framework, tmp_path, capsys):
+    """At --lr 1e6 the weights go NaN within steps; the checkpoints --resume picks from stay finite."""
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        train(run, "--iters", "60", "--lr", "1e6", "--checkpoint-every", "1", "--log-every", "1",
+              "--nonfinite-patience", "10", "--ema-decay", "0", model="lsgan", framework=framework)
+    assert "have been inf/NaN since step" in capsys.readouterr().err
+    assert list(run.glob("checkpoints/diverged_step_*"))
+    for _, path in RunFolder(run).list_checkpoints():
+        assert all(np.isfinite(array).all() for array in floats_of(path)), path
 
 
 def test_a_finished_run_whose_last_steps_went_nan_can_still_be_evaluated(pytorch_run, tmp_path, capsys):
@@ -471,6 +509,11 @@ NPZ_EDITS = {
     "iterations negative": (lambda a: a.__setitem__("optimizer/generator/0000", np.array(-1, np.int64)),
                             "optimizer/generator/0000 holds a negative count"),
     "a weight NaN": (lambda a: a["module/generator/0000"].fill(np.nan), "holds inf/NaN in module/generator/0000"),
+    # checked as the variable holds it: float64 1e300 is inf in float32, uint64 2**64 - 1 is -1 in int64
+    "a float64 weight past float32": (lambda a: a.__setitem__("module/generator/0000", np.full(
+        a["module/generator/0000"].shape, 1e300)), "holds inf/NaN in module/generator/0000"),
+    "iterations uint64": (lambda a: a.__setitem__("optimizer/generator/0000", np.array(2**64 - 1, np.uint64)),
+                          "optimizer/generator/0000 holds a negative count"),
 }
 
 
@@ -488,6 +531,18 @@ def test_a_hand_edited_tensorflow_checkpoint_is_one_error_line(edit, tensorflow_
     change, message = NPZ_EDITS[edit]
     edit_npz(run / "checkpoints" / "step_000002.npz", change)
     refused(capsys, message, run, "--resume", "--iters", "4", framework="tensorflow")
+
+
+def test_a_tensorflow_loss_scale_of_zero_or_past_float32_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    amp = ["--amp", "--amp-dtype", "float16"]
+    gan_tensorflow.main(["--out", str(run), *TINY, *amp])
+    scale = "optimizer/generator/0003"  # the LossScaleOptimizer's: iterations, rate, clean steps, scale
+    arrays = dict(np.load(run / "checkpoints" / "step_000002.npz"))
+    assert arrays[scale].dtype == np.float32 and arrays[scale] > 1
+    for value, message in [(0.0, "the loss scale is 0.0"), (1e300, "the loss scale is inf")]:
+        edit_npz(run / "checkpoints" / "step_000002.npz", lambda a: a.__setitem__(scale, np.array(value)))
+        refused(capsys, message, run, *amp, "--resume", "--iters", "4", framework="tensorflow")
 
 
 def set_meta(meta):

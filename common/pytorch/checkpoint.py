@@ -38,6 +38,12 @@ class Checkpoints:
             state["rng"]["cuda"] = torch.cuda.get_rng_state(self.runtime.device)
         atomic_write(path, lambda file: torch.save(state, file))
 
+    def nonfinite(self) -> str | None:
+        return next(filter(None, (first_nonfinite({k: part[k].state_dict() for k in part}, name)
+                                  for name, part in (("modules", self.trainer.modules),
+                                                     ("optimizers", self.trainer.optimizers),
+                                                     ("averages", self.trainer.averages)))), None)
+
     def restore(self, path: Path) -> dict:
         """Load every piece of the state; returns the meta (step, skipped_total, model)."""
         check_regular_file(path, "checkpoint")
@@ -50,8 +56,6 @@ class Checkpoints:
             if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise ValueError("not a checkpoint of this repository")
             meta = check_meta(path, state["meta"])
-            meta["nonfinite"] = next(filter(None, (first_nonfinite(state.get(part, {}), part)  # no averages
-                                                   for part in ("modules", "optimizers", "averages"))), None)
             for name, module in self.trainer.modules.items():
                 check_same_tensors(state["modules"][name], module.state_dict(), f"modules/{name}")
                 module.load_state_dict(state["modules"][name])
@@ -77,6 +81,11 @@ class Checkpoints:
                                                                             "growth_interval")}}
                 scaler["_growth_tracker"] = min(scaler["_growth_tracker"], live["growth_interval"] - 1)
                 self.runtime.scaler.load_state_dict(scaler)
+            scale = torch.tensor(self.runtime.scaler.get_scale(), dtype=torch.float32).item()  # as it will run
+            if not 0 < scale < math.inf:  # 0 or inf: every step skipped, the scale stuck there
+                raise ValueError(f"scaler/scale is {scale}, not a float32 number above 0")
+            # the values as loaded: a float64 1e300 is inf in a float32 weight
+            meta["nonfinite"] = self.nonfinite()
             torch.set_rng_state(state["rng"]["cpu"])
             if "cuda" in state["rng"] and self.runtime.device.type == "cuda":
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.runtime.device)

@@ -48,6 +48,11 @@ class Checkpoints:
                 arrays[f"{group}/{index:04d}"] = variable.numpy()
         atomic_write(path, lambda file: np.savez(file, **arrays))
 
+    def nonfinite(self) -> str | None:
+        return next((f"{group}/{index:04d}" for group, variables in _variables(self.trainer).items()
+                     for index, variable in enumerate(variables)
+                     if (value := variable.numpy()).dtype.kind == "f" and not np.isfinite(value).all()), None)
+
     def restore(self, path: Path) -> dict:
         """Load every piece of the state; returns the meta (step, skipped_total, model)."""
         check_regular_file(path, "checkpoint")
@@ -87,15 +92,23 @@ class Checkpoints:
                 if not np.can_cast(arrays[key].dtype, expected, "same_kind"):
                     raise CheckpointError(f"checkpoint {path} does not fit this model: {key} holds "
                                           f"{arrays[key].dtype}, expected {expected}")
+                # checked as the variable will hold it: a float64 1e300 is inf in float32, a
+                # uint64 2**64 - 1 is -1 in int64
+                with np.errstate(over="ignore", invalid="ignore"):
+                    value = arrays[key].astype(expected)
                 # counts (Adam's iterations, the noise's draws) >= 0: Adam divides by
                 # 1 - beta**(iterations + 1); inf/NaN the loop refuses to train on (meta)
-                if arrays[key].dtype.kind == "f" and "nonfinite" not in meta and not np.isfinite(arrays[key]).all():
+                if value.dtype.kind == "f" and "nonfinite" not in meta and not np.isfinite(value).all():
                     meta["nonfinite"] = key
-                if arrays[key].dtype.kind == "i" and (arrays[key] < 0).any():
+                if value.dtype.kind in "iu" and (value < 0).any():
                     raise CheckpointError(f"checkpoint {path} is damaged: {key} holds a negative count")
-                variable.assign(arrays[key])
+                variable.assign(value)
         for optimizer in self.trainer.optimizers.values():
             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+                scale = float(optimizer.dynamic_scale.numpy())
+                if not 0 < scale < np.inf:  # 0 or inf: every step skipped, the scale stuck there
+                    raise CheckpointError(f"checkpoint {path} does not fit this model: the loss scale is "
+                                          f"{scale}, not a float32 number above 0")
                 # its scale grows when the count of clean steps equals --growth-interval - 1: a
                 # count past a shorter interval than the run's grows at the next clean step
                 # instead of never, as the PyTorch twin's
