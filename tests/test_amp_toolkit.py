@@ -383,6 +383,10 @@ def test_precision_report_shows_what_ran_in_16_bits_tensorflow(tmp_path, capsys)
     *hidden, output = [r for name, r in rows.items() if name.startswith("generator.dense")]
     assert len(hidden) == 3 and set(hidden) == {("float32", "bfloat16")} and output == ("float32", "float32")
     assert all(weights in ("float32", "-") for weights, _ in rows.values())
+    # G's samples leave it in float32, as the PyTorch twin's: the reshape after the float32
+    # layers took the policy's bfloat16 and rounded them
+    generator_rows = [r for name, r in rows.items() if name.startswith("generator.")]
+    assert generator_rows[-1] == ("-", "float32")
 
 
 # --- scripts/benchmark.py -------------------------------------------------------------------

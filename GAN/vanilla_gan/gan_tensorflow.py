@@ -45,7 +45,7 @@ def make_generator(data_shape: tuple, width: int) -> keras.Model:
         *hidden_layers([width * k for k in hparams.G_HIDDEN]),
         layers.Dense(math.prod(data_shape), dtype="float32", **DENSE_INIT),
         layers.Activation("tanh" if squash else "linear", dtype="float32"),
-        layers.Reshape(data_shape),
+        layers.Reshape(data_shape, dtype="float32"),
     ], name="generator")
 
 
