@@ -277,6 +277,16 @@ def test_a_batch_size_that_is_not_a_multiple_of_five_is_refused(framework, tmp_p
     assert len(err.strip().splitlines()) == 1
 
 
+def test_compile_is_refused_before_anything_runs(tmp_path, capsys):
+    """torch.compile has no double backward, which the penalty takes: it failed after loading
+    the data and compiling."""
+    with pytest.raises(SystemExit) as exit_info:
+        SCRIPTS["pytorch"].main(["--out", str(tmp_path / "run"), *TINY, "--compile"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err and "cannot differentiate twice" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_defaults_are_the_papers_but_the_rates_and_budgets():
     """The paper's beta2, critic updates and batches everywhere, its lambda 10 on images (0.1,
     the authors' toy code's, on the 2-D mixtures); MNIST trains at Adam 7e-4 for 3,500
