@@ -141,7 +141,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                            help="float16: scale multiplier on an overflow (PyTorch only; Keras "
                                 "always halves)")
     precision.add_argument("--growth-interval", type=flags.int_in(1, MAX_GROWTH_INTERVAL),
-                           help="float16: clean steps before the scale grows")
+                           help="float16: clean steps before the scale grows: updates of PyTorch's "
+                                "one scaler, steps of each Keras optimizer (a WGAN-GP iteration "
+                                "counts 6 in PyTorch, 5 for Keras' critic and 1 for its G)")
     precision.add_argument("--min-loss-scale", type=loss_scale,
                            help="float16: warn once when the scale stays below this for "
                                 f"{SCALE_WARN_WINDOW} steps")
