@@ -17,7 +17,9 @@ layers compute in 16 bits; the output layers were built with dtype="float32".
 Under --distribute (common/tensorflow/runtime.py) the networks and optimizers are built in
 the strategy's scope, and every replica runs this step on its share of the global batch and
 of the noise drawn for it; `apply_gradients` sums the replicas' gradients, so each replica
-scales its loss by its share of the global mean (`replicas.share`).
+scales its loss by its share of the global mean (`replicas.share`). The optimizers made in
+common/tensorflow/optimizers.py sum them before clipping, and their LossScaleOptimizers skip
+a step on every replica when any replica's gradients overflow, as PyTorch's DDP replicas do.
 """
 from __future__ import annotations
 

@@ -127,3 +127,91 @@ def test_tensorflow_float16_on_a_onednn_cpu_runs_without_the_remappers_fused_mat
     tf.config.optimizer.set_experimental_options({"remapping": remapper_off})
     setup(cfg, log=lambda *_: None)
     assert tf.config.optimizer.get_experimental_options()["remapping"] is not remapper_off
+
+
+# Run in a process of its own: two logical CPU devices must be set before TensorFlow starts.
+ONE_REPLICA_OVERFLOWS = '''
+import json
+import sys
+
+sys.path.insert(0, sys.argv[1])
+import keras
+import numpy as np
+import tensorflow as tf
+
+from common.config import RunConfig
+from common.tensorflow.optimizers import make_optimizer
+from common.tensorflow.runtime import setup
+
+cfg = RunConfig(model="vanilla_gan", framework="tensorflow", amp=True, amp_dtype="float16", device="cpu",
+                distribute="mirrored", replicas=2, batch_size=16, seed=1)
+runtime = setup(cfg, log=lambda *_: None)
+strategy = runtime.strategy
+with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1, dtype="float32")])
+    optimizer = make_optimizer(cfg, runtime)
+    optimizer.build(model.trainable_variables)
+
+
+def replica_step(x):  # the models' step: scale_loss, then apply_gradients
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(tf.cast(model(x, training=True), tf.float32)))
+        scaled_loss = optimizer.scale_loss(runtime.replicas.share(loss))
+    gradients = tape.gradient(scaled_loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+
+
+@tf.function
+def step(x):
+    strategy.run(replica_step, args=(x,))
+
+
+def on_each_replica(variable):
+    return [v.numpy() for v in strategy.experimental_local_results(getattr(variable, "value", variable))]
+
+
+clean = np.random.default_rng(0).normal(size=(16, 2)).astype(np.float32)
+outlier = clean.copy()
+outlier[12] = [3000.0, 3000.0]  # in replica 1's rows (8-15) only: its float16 gradients overflow
+report = {}
+for name, rows in [("outlier", outlier), ("clean", clean)]:
+    before = [on_each_replica(v) for v in model.trainable_variables]
+    step(strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(rows[8 * context.replica_id_in_sync_group:][:8])))
+    after = [on_each_replica(v) for v in model.trainable_variables]
+    report[name] = {
+        "scales": [float(scale) for scale in on_each_replica(optimizer.dynamic_scale)],
+        "updates": [int(count) for count in on_each_replica(optimizer.iterations)],
+        "finite": all(bool(np.isfinite(weights).all()) for each in after for weights in each),
+        "replicas_equal": all(np.array_equal(each[0], each[1]) for each in after),
+        "moved": any(not np.array_equal(b[r], a[r]) for b, a in zip(before, after) for r in range(2)),
+    }
+print(json.dumps(report))
+'''
+
+
+def test_mirrored_replicas_skip_together_when_one_replicas_gradients_overflow(tmp_path):
+    """--distribute mirrored, float16: only replica 1's batch holds an outlier, whose float16
+    gradients overflow. As under PyTorch DDP (the gradients are summed before GradScaler checks
+    them) every replica must skip the step and halve its scale. Keras alone checks each
+    replica's gradients and took the first replica's answer: both replicas applied the sum,
+    NaN, and kept the scale."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(ONE_REPLICA_OVERFLOWS)
+    result = subprocess.run([sys.executable, str(probe), str(REPO)], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    outlier, clean = report["outlier"], report["clean"]
+    assert outlier == {"scales": [LOSS_SCALE_INIT / 2] * 2, "updates": [0, 0], "finite": True,
+                       "replicas_equal": True, "moved": False}, outlier
+    # the next, clean, step is applied alike on both replicas
+    assert clean == {"scales": [LOSS_SCALE_INIT / 2] * 2, "updates": [1, 1], "finite": True,
+                     "replicas_equal": True, "moved": True}, clean

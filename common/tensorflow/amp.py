@@ -10,6 +10,10 @@ for float16, a LossScaleOptimizer around each optimizer; both are used in the tr
   `get_unscaled_gradients`, which most tutorials still show.) A plain optimizer's
   `scale_loss` returns the loss unchanged, so one training step serves every precision.
 
+Under --distribute every replica must take the same branch, as PyTorch's replicas do (DDP
+sums the gradients before GradScaler looks at them): `LossScaleOptimizer` below makes the
+replicas agree on whether the step's gradients are finite.
+
 This module names the policies, wraps an optimizer for loss scaling, and reads the scales.
 """
 from __future__ import annotations
@@ -22,10 +26,28 @@ from common.config import RunConfig
 POLICIES = {"fp32": "float32", "amp-fp16": "mixed_float16", "amp-bf16": "mixed_bfloat16"}
 
 
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' LossScaleOptimizer, whose replicas skip together.
+
+    Keras 3.15 checks each replica's own gradients for inf/NaN before the inner optimizer sums
+    them, and under a strategy takes the first replica's answer for all (its comment assumes
+    the gradients were summed already): an overflow in another replica's share went into the
+    sum, and every replica applied NaN weights instead of skipping the step. Here a replica's
+    gradients count as finite only when every replica's are (one all-reduce of a flag), so
+    every replica skips the same steps and halves its scale. One replica: Keras' check as is."""
+
+    def check_finite(self, grads):
+        finite = super().check_finite(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return finite
+        overflowed = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
+        return tf.equal(overflowed, 0.0)
+
+
 def loss_scale_optimizer(inner: keras.optimizers.Optimizer, cfg: RunConfig) -> keras.optimizers.LossScaleOptimizer:
     """Dynamic loss scaling: Keras doubles and halves (its factors are not settable)."""
-    return keras.optimizers.LossScaleOptimizer(inner, initial_scale=cfg.init_scale,
-                                               dynamic_growth_steps=cfg.growth_interval)
+    return LossScaleOptimizer(inner, initial_scale=cfg.init_scale, dynamic_growth_steps=cfg.growth_interval)
 
 
 def scales_now(optimizers) -> list[tf.Tensor]:
@@ -44,6 +66,8 @@ def any_skipped(optimizers, scales_before: list[tf.Tensor]) -> tf.Tensor:
 
 def loss_scale(optimizers) -> float:
     """The smallest of the optimizers' scales (each LossScaleOptimizer has its own); 1.0
-    when nothing is scaled."""
-    scales = [float(o.dynamic_scale) for o in optimizers if isinstance(o, keras.optimizers.LossScaleOptimizer)]
+    when nothing is scaled. Read as a tensor: under --distribute the scale is a
+    MirroredVariable, which float() refuses (every replica holds the same value)."""
+    scales = [float(tf.convert_to_tensor(o.dynamic_scale.value)) for o in optimizers
+              if isinstance(o, keras.optimizers.LossScaleOptimizer)]
     return min(scales) if scales else 1.0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from common.config import ADAM_EPSILON, RunConfig
@@ -33,11 +34,37 @@ class PyTorchEpsilon:
         self.assign_sub(variable, ops.divide(ops.multiply(m, step_size), denominator))
 
 
-class Adam(PyTorchEpsilon, keras.optimizers.Adam):
+class SumsReplicasFirst:
+    """Under --distribute, the replicas' gradients summed as they arrive, before anything looks
+    at them, as PyTorch's DDP all-reduces them before clip_grad_norm_ and the optimizer.
+
+    Keras sums them in its last step (`_backend_update_step`), after `global_clipnorm` has
+    clipped each replica's share: at 2 replicas --clip-grad-norm 0.01 gave a gradient of
+    norm 0.016-0.018 where one process and PyTorch clip to 0.0100. Here `apply` sums first (one
+    all-reduce, as Keras' own) and Keras' later sum is skipped. One replica: unchanged."""
+
+    def apply(self, grads, trainable_variables=None):
+        super().apply(sum_over_replicas(grads), trainable_variables)
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)  # summed in apply (one process: there is nothing to sum)
+
+
+def sum_over_replicas(gradients):
+    """In a replica's context, every replica's gradients summed (None stays None)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return gradients
+    present = [gradient for gradient in gradients if gradient is not None]
+    summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present) if present else [])
+    return [None if gradient is None else next(summed) for gradient in gradients]
+
+
+class Adam(SumsReplicasFirst, PyTorchEpsilon, keras.optimizers.Adam):
     pass
 
 
-class AdamW(PyTorchEpsilon, keras.optimizers.AdamW):
+class AdamW(SumsReplicasFirst, PyTorchEpsilon, keras.optimizers.AdamW):
     """Keras applies the decoupled weight decay (variable -= lr * wd * variable) before the
     update, as torch.optim.AdamW does."""
 
@@ -46,7 +73,9 @@ def make_optimizer(cfg: RunConfig, runtime) -> keras.optimizers.Optimizer:
     """Adam/AdamW as PyTorch computes them (its epsilon and where it adds it), wrapped for loss scaling under float16.
 
     --clip-grad-norm is the inner optimizer's `global_clipnorm`: the LossScaleOptimizer
-    unscales the gradients before it hands them on, so the clip sees the true gradients."""
+    unscales the gradients before it hands them on, so the clip sees the true gradients, and
+    under --distribute the inner optimizer sums the replicas' gradients before it clips
+    (SumsReplicasFirst), so the clip sees the global batch's gradient."""
     clip = dict(global_clipnorm=cfg.clip_grad_norm) if cfg.clip_grad_norm else {}
     if cfg.optimizer == "adamw":
         inner = AdamW(cfg.lr, weight_decay=cfg.weight_decay, beta_1=cfg.beta1, beta_2=cfg.beta2,

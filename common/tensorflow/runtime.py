@@ -12,10 +12,14 @@ MirroredStrategy runs one replica per local device in one process; MultiWorkerMi
 one process per machine (its devices each a replica), the cluster read from TF_CONFIG. The
 networks and optimizers are built inside `strategy.scope()`, which mirrors their variables on
 every replica; each replica runs the training step on its share of the batch, and the
-optimizers sum the replicas' gradients before they apply them, so each replica's loss is its
-share of the global mean (`Replicas.share`). AMP is unchanged: the LossScaleOptimizer checks
-the summed gradients, so every replica skips the same steps. Batch norm keeps per-replica
-statistics, or all-reduces them with --sync-bn (`BatchNormalization(synchronized=True)`).
+optimizers sum the replicas' gradients before they clip and apply them (as PyTorch's DDP
+does; common/tensorflow/optimizers.py, SumsReplicasFirst), so each replica's loss is its
+share of the global mean (`Replicas.share`) and --clip-grad-norm clips the global gradient.
+Keras' LossScaleOptimizer checks each replica's own gradients for inf/NaN; the one
+common/tensorflow/amp.py builds makes the replicas agree (one all-reduce of the flag), so an
+overflow on any replica skips the step, and halves the scale, on every replica. Batch norm
+keeps per-replica statistics, or all-reduces them with --sync-bn
+(`BatchNormalization(synchronized=True)`).
 """
 from __future__ import annotations
 
