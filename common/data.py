@@ -36,6 +36,7 @@ import numpy as np
 from numpy.lib.npyio import NpzFile
 from PIL import Image
 
+from common import models
 from common.errors import DataError
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
@@ -122,7 +123,38 @@ def load_training_set(cfg) -> Dataset:
     if len(dataset.x) < cfg.batch_size:
         raise DataError(f"{cfg.dataset} has {len(dataset.x)} examples, fewer than "
                         f"--batch-size {cfg.batch_size}; lower --batch-size")
+    # checked now, before the run folder is made, not at the first sample grid ("folder"'s
+    # test images are its training images; the embedded MNIST's splits are both 28x28)
+    embedded = cfg.dataset == "mnist" and cfg.data_dir is None
+    if _uses_test_images(cfg) and dataset.kind == "image" and cfg.dataset != "folder" and not embedded:
+        check_test_images(cfg, dataset.sample_shape)
     return dataset
+
+
+def _uses_test_images(cfg) -> bool:
+    """Whether the run's model shows or scores fixed_test_images: the VAE reconstructs them in
+    every sample grid and measures its bounds on them."""
+    model = models.MODELS.get(getattr(cfg, "model", None))
+    return model is not None and model.family == "VAE"
+
+
+def check_test_images(cfg, sample_shape: tuple) -> None:
+    """One DataError line unless the test split's images (what fixed_test_images returns) have
+    the training images' shape `sample_shape` (H, W, C): a network built for one size cannot
+    take the other."""
+    test = load_dataset(cfg.dataset, cfg.data_dir, split="test", limit=1,
+                        image_size=cfg.image_size, seed=cfg.seed)
+    if test.sample_shape != tuple(sample_shape):
+        where = f" in {cfg.data_dir}" if cfg.data_dir is not None else ""
+        raise DataError(f"the {cfg.dataset} test split{where} has images of {_describe_shape(test.sample_shape)} "
+                        f"but the training images are {_describe_shape(sample_shape)}; the two splits must "
+                        "come from the same dataset (or pass --image-size N to resize both)")
+
+
+def _describe_shape(shape: tuple) -> str:
+    """(20, 20, 1) -> '20x20', (32, 32, 3) -> '32x32x3'."""
+    height, width, channels = shape
+    return f"{height}x{width}" if channels == 1 else f"{height}x{width}x{channels}"
 
 
 def fixed_test_images(cfg, count: int) -> np.ndarray:

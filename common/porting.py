@@ -45,6 +45,11 @@ def check_kinds(given: list[str], expected: list[str]) -> None:
             raise ValueError(f"layer {index}: the model's {want} cannot take {have} weights")
 
 
+def native_byte_order(value: np.ndarray) -> np.ndarray:
+    """`value` in this machine's byte order (a view of it when it already is)."""
+    return np.asarray(value, dtype=value.dtype.newbyteorder("="))
+
+
 # --- weights files ---------------------------------------------------------------------------
 def save_weights(path: Path, networks: dict[str, list[LayerWeights]], meta: dict) -> None:
     """One .npz for every network of a model, in the neutral layout, plus a JSON `meta`."""
@@ -74,7 +79,9 @@ def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
                 prefix = f"layers/{network}/{index:03d}/"
                 slots = sorted((k for k in arrays if k.startswith(prefix)),
                                key=lambda k: int(k[len(prefix):]))
-                layers.append((kind, [arrays[k] for k in slots]))
+                # in native byte order: a big-endian ('>f4') file loads in both twins alike
+                # (torch.from_numpy refuses the other order; Keras converts it)
+                layers.append((kind, [native_byte_order(arrays[k]) for k in slots]))
             networks[network] = layers
     except FileNotFoundError:
         raise CheckpointError(f"no weights file at {path}") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from common import cpu  # noqa: E402
 from common.config import POINT_DATASETS  # noqa: E402
@@ -68,9 +70,21 @@ def matching_steps(sides: list[Side], most: int = 4) -> list[int]:
 
 def read_png(path: Path) -> np.ndarray:
     """A saved sample grid; one UserError line when the file is not a readable PNG."""
+    path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO would block the read forever
+        raise UserError(f"{path} is not a regular file, where the run keeps a sample grid; "
+                        "delete it or train the run again")
     try:
+        # Image.open reads the header alone and refuses dimensions past Pillow's
+        # MAX_IMAGE_PIXELS (a grid holds a few megapixels at most): plt.imread skips that
+        # check and would allocate what a damaged header claims
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path):
+                pass
         return plt.imread(path)
-    except (OSError, SyntaxError, ValueError) as error:  # Pillow's "not a PNG file" is a SyntaxError
+    # Pillow's "not a PNG file" is a SyntaxError; its bomb error and warning are neither OSError
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise UserError(f"{path} is not a readable PNG image ({error}); delete it or train the "
                         "run again") from None
 

@@ -1,6 +1,7 @@
 """--init-from across the frameworks, the weights file both read, and scripts/compare.py's
 report after tiny two-framework runs."""
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -75,6 +76,38 @@ def test_init_from_refuses_what_does_not_fit(tmp_path, capsys):
                                "--init-from", str(tmp_path / "gan")])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and "does not fit this model's" in err, err
+
+
+def test_init_from_a_malformed_or_big_endian_rgb_weights_file_agrees_in_both_twins(tmp_path, capsys):
+    """An RGB run's weights (its image-sized Dense axes are reordered for PyTorch): a 1-D kernel
+    is one line in both twins (PyTorch: IndexError before), a big-endian file loads in both
+    (PyTorch: "byte order different" before)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "rgb" / "a").mkdir(parents=True)
+    for index in range(8):
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "rgb" / "a" / f"{index}.png")
+    flags = ["--dataset", "folder", "--data-dir", str(tmp_path / "rgb"), "--width", "8", "--batch-size", "8",
+             "--iters", "1", "--sample-every", "0", "--no-tensorboard"]
+    gan_pytorch.main(["--out", str(tmp_path / "source"), *flags])
+    with np.load(tmp_path / "source" / porting.INITIAL_WEIGHTS) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    np.savez(tmp_path / "malformed.npz", **{**arrays, "layers/generator/003/0": np.zeros(192, np.float32)})
+    np.savez(tmp_path / "big-endian.npz", **{key: value.astype(">f4") if key.startswith("layers/") else value
+                                             for key, value in arrays.items()})
+    errors = []
+    for framework in ("pytorch", "tensorflow"):
+        with pytest.raises(SystemExit) as exit_info:
+            SCRIPTS[framework].main(["--out", str(tmp_path / f"bad-{framework}"), *flags,
+                                     "--init-from", str(tmp_path / "malformed.npz")])
+        errors.append(capsys.readouterr().err.strip())
+        assert exit_info.value.code == 1 and "\n" not in errors[-1], errors[-1]
+        SCRIPTS[framework].main(["--out", str(tmp_path / f"swapped-{framework}"), *flags,
+                                 "--init-from", str(tmp_path / "big-endian.npz")])
+        assert_same_weights(weights(tmp_path / "source")[0], weights(tmp_path / f"swapped-{framework}")[0])
+    assert errors[0].replace("bad-pytorch", "") == errors[1].replace("bad-tensorflow", "")
+    assert "does not fit this model's generator: layer 3 (Dense): shapes [(192,), (192,)]" in errors[0], errors[0]
 
 
 def test_weights_file_round_trips(tmp_path):
@@ -176,3 +209,46 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
         compare.main([*flags, "--same-init", "--reuse", "--clip-grad-norm", "0.01"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "clip_grad_norm: 0.0 here, 0.01 asked" in err
+
+
+# --- sample grids that are not PNGs the runs wrote ---------------------------------------------
+def png_header_claiming(path, side):
+    """A PNG whose header claims side x side RGBA pixels and whose data holds almost nothing."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 6, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def test_compare_refuses_a_fifo_for_a_sample_grid_instead_of_waiting_on_it(tmp_path):
+    """In a subprocess with a timeout: a regression fails here rather than hanging the suite."""
+    from tests.conftest import run_script
+    from tests.test_script_errors import TINY as FAKE_TINY
+    from tests.test_script_errors import fake_compare_runs
+
+    grid = fake_compare_runs(tmp_path / "runs")["pytorch"] / "samples" / "step_000002.png"
+    grid.unlink()
+    os.mkfifo(grid)
+    result = run_script("scripts/compare.py", "--model", "vanilla_gan", "--runs", str(tmp_path / "runs"),
+                        *FAKE_TINY, "--reuse", timeout=60)
+    err = result.stderr.strip()
+    assert result.returncode == 1 and err.startswith("error: ") and "\n" not in err, err
+    assert f"{grid} is not a regular file" in err, err
+    with pytest.raises(report.UserError, match="not a regular file"):
+        report.read_png(grid)
+
+
+@pytest.mark.parametrize("side", [20_000, 12_000], ids=["past-twice-the-limit", "past-the-limit"])
+def test_a_png_header_claiming_a_huge_image_is_unreadable_not_allocated(side, tmp_path):
+    """plt.imread skips Pillow's decompression-bomb check (Image.MAX_IMAGE_PIXELS): it allocated
+    what the header claims (65535^2 RGBA: 17 GB, out of memory) before it found the data short."""
+    path = png_header_claiming(tmp_path / "step_000002.png", side)
+    with pytest.raises(report.UserError, match="not a readable PNG image.*decompression bomb") as info:
+        report.read_png(path)
+    assert "\n" not in str(info.value)

@@ -824,3 +824,40 @@ def test_pixel_ranges():
     np.testing.assert_allclose(unit, [0.0, 0.2, 1.0], atol=1e-6)
     with pytest.raises(TypeError):
         to_tanh_range(unit)
+
+
+# ---------------------------------------------------------------------------------------------
+# The training set, and the test split models that show test images need
+
+
+def write_split(folder: Path, prefix: str, side: int, count: int = 8) -> None:
+    rng = np.random.default_rng(side)
+    images = rng.integers(0, 256, (count, side, side), dtype=np.uint8)
+    write_bytes(folder / f"{prefix}-images-idx3-ubyte", idx_bytes(images))
+    write_bytes(folder / f"{prefix}-labels-idx1-ubyte", idx_bytes(rng.integers(0, 10, count, dtype=np.uint8)))
+
+
+def run_config(model: str, folder: Path, **changes):
+    from common.config import RunConfig
+
+    return RunConfig(model=model, framework="pytorch", dataset="mnist", data_dir=str(folder), batch_size=4, **changes)
+
+
+def test_a_vae_refuses_a_test_split_of_another_image_size_when_the_training_set_loads(tmp_path):
+    """The VAE reconstructs fixed test images in every grid: a network built for 28x28 cannot
+    take 20x20 ones (a traceback at the first grid, after the run folder was made)."""
+    write_split(tmp_path, "train", 28)
+    write_split(tmp_path, "t10k", 20)
+    with data_error(f"test split in {tmp_path} has images of 20x20", "training images are 28x28", "--image-size"):
+        data.load_training_set(run_config("vanilla_vae", tmp_path))
+    # resized alike, the two splits fit; a GAN never reads the test split
+    assert data.load_training_set(run_config("vanilla_vae", tmp_path, image_size=28)).sample_shape == (28, 28, 1)
+    assert data.fixed_test_images(run_config("vanilla_vae", tmp_path, image_size=28), 2).shape == (2, 28, 28, 1)
+    assert data.load_training_set(run_config("vanilla_gan", tmp_path)).sample_shape == (28, 28, 1)
+
+
+def test_a_vae_without_test_files_is_refused_before_training(tmp_path):
+    write_split(tmp_path, "train", 28)
+    with data_error("holds no mnist test data"):
+        data.load_training_set(run_config("vanilla_vae", tmp_path))
+    assert len(data.load_training_set(run_config("vanilla_gan", tmp_path)).x) == 8

@@ -73,3 +73,66 @@ def test_parity_script_prints_every_row_and_passes(capsys):
     assert parity.main(["--model", "dcgan"]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| dcgan")]
     assert len(table) == 2 * 2 * 2  # networks x directions x precisions
+
+
+RGB = (8, 8, 3)  # several channels: the importer reorders the image-sized Dense axes
+MALFORMED = {  # (network, layer, slot) -> what replaces the array there
+    "a 1-D kernel": (("generator", 0, 0), np.zeros(5, np.float32)),
+    "a 0-D kernel": (("generator", 0, 0), np.array(1.0, np.float32)),
+    "a kernel producing the image, 1-D": (("generator", -1, 0), np.zeros(192, np.float32)),
+    "a kernel flattening the image, 1-D": (("discriminator", 0, 0), np.zeros(192, np.float32)),
+    "a bias of the wrong length": (("generator", 1, 1), np.zeros(7, np.float32)),
+    "an image bias of the wrong length": (("generator", -1, 1), np.zeros(5, np.float32)),
+    "a 2-D bias": (("discriminator", 0, 1), np.zeros((8, 1), np.float32)),
+}
+
+
+def exported_pair(model="vanilla_gan", shape=RGB):
+    """{network: (torch module, keras model, its neutral weights)} at a tiny width."""
+    from common.pytorch import porting as torch_porting
+
+    pairs = {}
+    for name, make_torch, make_keras, _ in parity.networks(model, shape, width=8):
+        module = make_torch()
+        pairs[name] = (module, make_keras(), torch_porting.export_weights(module, shape))
+    return pairs
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_dense_layer_is_refused_alike_by_both_twins(case):
+    """PyTorch indexed the malformed arrays while reordering (IndexError, a traceback); now both
+    twins refuse them with the same ValueError, which --init-from turns into one line."""
+    from common.pytorch import porting as torch_porting
+    from common.tensorflow import porting as keras_porting
+
+    (network, layer, slot), value = MALFORMED[case]
+    module, keras_net, layers = exported_pair()[network]
+    layers[layer][1][slot] = value
+    with pytest.raises(ValueError) as torch_error:
+        torch_porting.import_weights(module, layers, RGB)
+    with pytest.raises(ValueError) as keras_error:
+        keras_porting.import_weights(keras_net, layers)
+    assert str(torch_error.value) == str(keras_error.value)
+    assert "(Dense): shapes" in str(torch_error.value) and "the model has" in str(torch_error.value)
+
+
+def test_big_endian_weights_load_in_both_twins_with_the_same_values(tmp_path):
+    from common import porting
+    from common.pytorch import porting as torch_porting
+    from common.tensorflow import porting as keras_porting
+
+    pairs = exported_pair()
+    swapped = {name: [(kind, [v.astype(">f4") for v in values]) for kind, values in layers]
+               for name, (_, _, layers) in pairs.items()}
+    # straight into the importers, and through a weights file as --init-from reads it
+    porting.save_weights(tmp_path / "w.npz", swapped, {"model": "vanilla_gan", "sample_shape": list(RGB)})
+    loaded, _ = porting.load_weights(tmp_path / "w.npz")
+    for networks in (swapped, loaded):
+        for name, (module, keras_net, original) in pairs.items():
+            torch_porting.import_weights(module, networks[name], RGB)
+            keras_porting.import_weights(keras_net, networks[name])
+            for exported in (torch_porting.export_weights(module, RGB), keras_porting.export_weights(keras_net)):
+                for (_, want), (_, got) in zip(original, exported):
+                    for a, b in zip(want, got):
+                        np.testing.assert_array_equal(a, b)
+    assert all(v.dtype.isnative for layers in loaded.values() for _, values in layers for v in values)

@@ -3,6 +3,7 @@ form, float32 where AMP would overflow, bit-exact resume, the reconstruction gri
 and refusing 2-D point datasets."""
 import json
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -74,6 +75,30 @@ def test_point_datasets_are_refused_in_one_line(framework, dataset, tmp_path, ca
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+def write_idx_mnist(folder, sides):
+    """Tiny IDX MNIST files: 64 random images per split, of the side each split names."""
+    rng = np.random.default_rng(0)
+    for prefix, side in sides.items():
+        for kind, array in (("images-idx3", rng.integers(0, 256, (64, side, side), dtype=np.uint8)),
+                            ("labels-idx1", rng.integers(0, 10, 64, dtype=np.uint8))):
+            header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+            (folder / f"{prefix}-{kind}-ubyte").write_bytes(header + array.tobytes())
+    return folder
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_test_split_of_another_image_size_is_refused_in_one_line(framework, tmp_path, capsys):
+    data_dir = write_idx_mnist(tmp_path, {"train": 28, "t10k": 20})
+    with pytest.raises(SystemExit) as exit_info:
+        train(framework, tmp_path / "run", "--data-dir", str(data_dir), "--iters", "2", "--width", "8",
+              "--batch-size", "8", "--data-limit", "64", "--no-tensorboard")
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "test split" in err and "20x20" in err and "training images are 28x28" in err, err
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made
+
+
 def checkpoint_tensors(path):
     """Every array in a checkpoint, flattened to {name: numpy}, whichever the framework."""
     if path.suffix == ".npz":
@@ -112,6 +137,30 @@ def test_resume_is_bit_exact(framework, amp, tmp_path):
     timeless = lambda out: [{k: v for k, v in row.items() if k != "step_ms"}
                             for row in read_history(out)]
     assert timeless(tmp_path / "straight") == timeless(tmp_path / "resumed")
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_resuming_a_finished_run_with_workers_has_nothing_to_do(framework, tmp_path, capsys):
+    """--workers N: the host loader of a run resumed at its last step has no batch to load."""
+    flags = ["--iters", "2", "--width", "8", "--batch-size", "8", "--data-limit", "64",
+             "--workers", "1", "--no-tensorboard", "--sample-every", "0"]
+    train(framework, tmp_path / "run", *flags)
+    capsys.readouterr()
+    train(framework, tmp_path / "run", *flags, "--resume")
+    assert "nothing to do: the run is at step 2 and --iters is 2" in capsys.readouterr().out
+
+
+def test_tensorflow_host_loader_starts_on_an_empty_range():
+    from common.data import Dataset
+    from common.runs import BatchOrder
+    from common.tensorflow.data import HostLoader
+
+    dataset = Dataset("mnist", np.zeros((16, 4, 4, 1), np.uint8), np.zeros(16, np.int64))
+    loader = HostLoader(dataset, (0.0, 1.0), workers=1)
+    loader.start(BatchOrder(16, 8, seed=0), 5, 5)
+    assert list(loader.iterator) == []
+    loader.start(BatchOrder(16, 8, seed=0), 3, 5)
+    assert len(list(loader.iterator)) == 2
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.porting import LayerWeights, check_kinds
+from common.porting import LayerWeights, check_kinds, native_byte_order
 
 KERAS_KIND = {"Linear": "Dense", "Conv2d": "Conv2D", "ConvTranspose2d": "Conv2DTranspose",
               "BatchNorm2d": "BatchNormalization"}
@@ -50,6 +50,17 @@ def export_weights(module: torch.nn.Module, image_shape_hwc=None) -> list[LayerW
     return layers
 
 
+def _neutral_shapes(layer: torch.nn.Module) -> list[tuple]:
+    """The shapes of `layer`'s arrays in the neutral (Keras) layout, as export_weights gives them."""
+    kind = type(layer).__name__
+    if kind == "Linear":
+        return [tuple(layer.weight.shape[::-1]), tuple(layer.bias.shape)]
+    if kind == "BatchNorm2d":
+        return [tuple(layer.weight.shape)] * 4
+    out_or_in, in_or_out, height, width = layer.weight.shape  # Conv2d, ConvTranspose2d
+    return [(height, width, in_or_out, out_or_in)] + ([] if layer.bias is None else [tuple(layer.bias.shape)])
+
+
 def import_weights(module: torch.nn.Module, layers: list[LayerWeights], image_shape_hwc=None) -> None:
     """Load neutral-layout weights into `module` (exactly: float32 values are copied)."""
     targets = _layers(module)
@@ -58,11 +69,18 @@ def import_weights(module: torch.nn.Module, layers: list[LayerWeights], image_sh
     inverse = None if order is None else np.argsort(order)
     flat = None if order is None else order.size
     with torch.no_grad():
-        for layer, (kind, values) in zip(targets, layers):
+        for index, (layer, (kind, values)) in enumerate(zip(targets, layers)):
             arrays = {"Dense": 2, "BatchNormalization": 4}.get(kind, 1 if layer.bias is None else 2)
             if len(values) != arrays:  # zip() below would drop the extra ones, or index past the end
                 raise ValueError(f"{type(layer).__name__}: PyTorch holds {arrays} arrays, "
                                  f"the weights give {len(values)}")
+            # checked in the neutral layout before any reordering indexes them, in the words
+            # of the Keras twin's refusal (common/tensorflow/porting.py)
+            expected = _neutral_shapes(layer)
+            if [value.shape for value in values] != expected:
+                raise ValueError(f"layer {index} ({kind}): shapes {[value.shape for value in values]}, "
+                                 f"the model has {expected}")
+            values = [native_byte_order(value) for value in values]  # torch.from_numpy refuses the other
             if kind == "Dense":
                 kernel, bias = values
                 if flat and kernel.shape[0] == flat:
@@ -77,8 +95,5 @@ def import_weights(module: torch.nn.Module, layers: list[LayerWeights], image_sh
                 pairs = [(layer.weight, values[0].transpose(3, 2, 0, 1))]
                 if layer.bias is not None:
                     pairs.append((layer.bias, values[1]))
-            for target, value in pairs:
-                if tuple(target.shape) != value.shape:
-                    raise ValueError(f"{type(layer).__name__}: PyTorch shape "
-                                     f"{tuple(target.shape)}, the weights give {value.shape}")
+            for target, value in pairs:  # the shapes fit: checked above
                 target.copy_(torch.from_numpy(np.ascontiguousarray(value)))

@@ -46,6 +46,9 @@ class HostLoader(DeviceData):
         self.workers, self.iterator = workers, None
 
     def start(self, order, start_step: int, stop_step: int):
+        if start_step >= stop_step:  # nothing left to train (a finished run resumed, or evaluated)
+            self.iterator = iter(())
+            return
         steps = np.stack(list(order.batches(start_step, stop_step)))
         with tf.device("/CPU:0"):
             pipeline = (tf.data.Dataset.from_tensor_slices(steps)
