@@ -136,8 +136,11 @@ def parse(argv):
                         help="report folder (default <runs>/<model>/compare-...)")
     args, flags = parser.parse_known_args(argv)
     for flag in flags:
-        if flag.split("=")[0] in OWN_FLAGS:
-            raise UsageError(f"{flag.split('=')[0]} is set by compare.py itself; use --runs, "
+        name = flag.split("=")[0]
+        # argparse takes a prefix for the whole flag (--ou for --out), in the scripts as here
+        own = [full for full in OWN_FLAGS if len(name) > 2 and name.startswith("--") and full.startswith(name)]
+        if own:
+            raise UsageError(f"{name} ({own[0]}) is set by compare.py itself; use --runs, "
                              "--reuse or --overwrite")
     if args.reuse and args.overwrite:
         raise UsageError("--reuse and --overwrite contradict each other: pick one")

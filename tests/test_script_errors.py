@@ -51,6 +51,15 @@ def test_a_helper_scripts_bad_flag_is_one_line(script, argv, capsys):
     assert "error:" in err and "(see --help)" in err
 
 
+@pytest.mark.parametrize("flag", ["--out", "--ou=x", "--init-f", "--resume", "--resu"])
+def test_compare_refuses_the_flags_it_sets_itself_abbreviated_too(flag, capsys):
+    """argparse expands a prefix in the model scripts: --ou would have reached them as --out."""
+    from scripts import compare
+
+    err = one_line_exit(capsys, lambda: compare.main(["--model", "vanilla_gan", flag, "x"]), code=2)
+    assert "is set by compare.py itself" in err
+
+
 def test_help_still_prints_the_whole_help(capsys):
     from scripts import summarize_runs
 
