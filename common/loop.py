@@ -558,7 +558,9 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
         except UserError:  # none, or damaged
             previous = {}
         if previous.get("step") == step:  # the figures of the process that trained up to here
-            summary = {**previous, "stopped_early": False}
+            # and whether it stopped before its --iters: evaluating a run stopped with Ctrl-C
+            # measures it where it stands, and it stays unfinished (quality_table.py skips it)
+            summary = dict(previous)
     if cfg.evaluate and not stopped_early and run.writable:
         summary["metrics"] = session.evaluate(cfg)
         summary.pop("metrics_over_draws", None)  # an earlier evaluation's

@@ -91,11 +91,13 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     summary_path = folder / "summary.json"
     if args.table_only:
         summary = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
-        finished = summary.get("metrics") and not summary.get("stopped_early")
+        measured = summary.get("metrics") and not summary.get("stopped_early")
         # measured on this call's --samples: the floor beside it is, and FID shrinks as they grow
-        if not finished or summary["metrics"].get("samples") != sample_count(dataset, args.samples):
+        if not measured or summary["metrics"].get("samples") != sample_count(dataset, args.samples):
             return None
         config = read_json(folder / "config.json", hint=AGAIN)
+        if summary["step"] != config.get("iters"):  # stopped early (an older version's evaluation forgot it)
+            return None
         wanted = training_settings(model, dataset, framework, amp, args, seed)
         return None if settings_differences(config, wanted) else summary
     extra = []

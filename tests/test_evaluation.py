@@ -309,6 +309,14 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     assert quality_table.main([*argv, "--models", "vanilla_gan", "dcgan", "--table-only"]) == 0
     rows = json.loads((tmp_path / "quality_table.json").read_text())["rows"]
     assert len(rows) == 5 and not (tmp_path / "dcgan").exists()
+    # a summary short of its config's --iters (an older version's evaluation of a stopped run
+    # wrote stopped_early false) is not tabulated as finished
+    summary_path = tmp_path / "vanilla_gan" / "ring8" / "pytorch-amp" / "summary.json"
+    finished = summary_path.read_text()
+    summary_path.write_text(json.dumps({**json.loads(finished), "step": 3, "stopped_early": False}))
+    assert quality_table.main([*argv, "--table-only"]) == 0
+    assert len(json.loads((tmp_path / "quality_table.json").read_text())["rows"]) == 4
+    summary_path.write_text(finished)
 
     # A run of other settings (a default changed since it ran) is refused, not reused
     config_path = tmp_path / "vanilla_gan" / "mnist" / "pytorch-fp32" / "config.json"
