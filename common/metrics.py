@@ -19,7 +19,8 @@ import math
 import numpy as np
 
 LOG_2PI = math.log(2.0 * math.pi)
-DISTANCE_CHUNK_ROWS = 1_000  # 1,000 x 10,000 float64 distances = 80 MB at a time
+DISTANCE_CHUNK_ROWS = 1_000  # at most; fewer against more than 10,000 columns:
+DISTANCE_CHUNK_VALUES = 10_000_000  # 80 MB of float64 distances at a time, whatever the sample count
 ZERO_DISTANCE_TOLERANCE = 1e-12  # squared distances below this share of |a|^2 + |b|^2 are rounding, not distance
 MIXTURE_QUALITY_SDS = 3.0  # VEEGAN / PacGAN: high quality = within 3 standard deviations of a mean
 
@@ -88,11 +89,18 @@ def _squared_distances(rows: np.ndarray, columns: np.ndarray, columns_squared_no
     return squared
 
 
+def rows_per_chunk(most: int, columns: int) -> int:
+    """Rows of distances to `columns` points computed at a time: at most `most`, and few
+    enough for DISTANCE_CHUNK_VALUES (a chunk and its temporaries hold about three times that)."""
+    return max(1, min(most, DISTANCE_CHUNK_VALUES // max(columns, 1)))
+
+
 def _squared_knn_radii(points: np.ndarray, k: int, chunk_rows: int) -> np.ndarray:
     """Squared distance from each point to its k-th nearest neighbour in its own set; the
     point itself (distance 0) is the 0-th neighbour and does not count."""
     squared_norms = (points * points).sum(axis=1)
     radii = np.empty(len(points))
+    chunk_rows = rows_per_chunk(chunk_rows, len(points))
     for start in range(0, len(points), chunk_rows):
         distances = _squared_distances(points[start:start + chunk_rows], points, squared_norms)
         radii[start:start + chunk_rows] = np.partition(distances, k, axis=1)[:, k]
@@ -104,6 +112,7 @@ def _fraction_inside_balls(queries: np.ndarray, centres: np.ndarray, squared_rad
     """Share of queries that lie in at least one ball (centre, radius), boundary included."""
     squared_norms = (centres * centres).sum(axis=1)
     inside = 0
+    chunk_rows = rows_per_chunk(chunk_rows, len(centres))
     for start in range(0, len(queries), chunk_rows):
         distances = _squared_distances(queries[start:start + chunk_rows], centres, squared_norms)
         inside += int((distances <= squared_radii[None, :]).any(axis=1).sum())

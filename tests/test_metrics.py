@@ -191,6 +191,28 @@ def test_chunked_distances_give_the_same_result_as_one_block():
     assert metrics.precision_recall(real, fake, k=3, chunk_rows=1) == whole
 
 
+def test_a_distance_chunk_holds_a_bounded_number_of_values_whatever_the_sample_count(monkeypatch):
+    """Chunks were DISTANCE_CHUNK_ROWS rows of every sample's distance: memory grew with the
+    count (200 MiB at 8,000 samples against 1,000 real ones, 26 GB per chunk at --evaluate's
+    former limit of 1,000,000)."""
+    shapes = []
+    original = metrics._squared_distances
+
+    def recorded(rows, columns, norms):
+        shapes.append((len(rows), len(columns)))
+        return original(rows, columns, norms)
+
+    monkeypatch.setattr(metrics, "_squared_distances", recorded)
+    monkeypatch.setattr(metrics, "DISTANCE_CHUNK_VALUES", 5_000)
+    rng = np.random.default_rng(3)
+    real, fake = rng.standard_normal((300, 4)), rng.standard_normal((2_000, 4))
+    bounded = metrics.precision_recall(real, fake, k=3)
+    assert max(rows * columns for rows, columns in shapes) <= 5_000
+    assert {columns for _, columns in shapes} == {300, 2_000}  # every pass, each set as the columns
+    monkeypatch.setattr(metrics, "DISTANCE_CHUNK_VALUES", 10**9)
+    assert metrics.precision_recall(real, fake, k=3) == bounded
+
+
 def test_precision_recall_rejects_k_not_below_the_set_size():
     with pytest.raises(ValueError, match="k must be"):
         metrics.precision_recall(np.zeros((3, 2)), np.zeros((10, 2)), k=3)

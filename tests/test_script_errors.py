@@ -337,8 +337,8 @@ def test_quality_table_only_says_when_there_is_nothing_to_tabulate(tmp_path, cap
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--samples", "5", "--floor"], "--samples: must be from 10 to 1,000,000, got 5"),
-    (["--samples", "100000000000", "--floor"], "--samples: must be from 10 to 1,000,000"),
+    (["--samples", "5", "--floor"], "--samples: must be from 10 to 50,000, got 5"),
+    (["--samples", "50001", "--floor"], "--samples: must be from 10 to 50,000"),
     (["--iwae-k", "0", "--floor"], "--iwae-k: must be from 1 to 10,000, got 0"),
     (["--draws", "0", "--floor"], "--draws: must be from 1 to 20, got 0"),
 ])
