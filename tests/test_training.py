@@ -235,6 +235,36 @@ def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
         assert len(capsys.readouterr().err.splitlines()) == 1
 
 
+def test_a_ctrl_c_that_reaches_the_data_loaders_worker_leaves_it_serving_batches():
+    """A terminal's Ctrl-C reaches the whole process group, --workers' DataLoader processes
+    too: one it killed made the loader raise "worker exited unexpectedly" at the next batch,
+    or inside the checkpoint the loop was saving for that Ctrl-C (no checkpoint written)."""
+    import os
+    import time
+
+    import torch
+
+    from common.data import Dataset
+    from common.pytorch.data import HostLoader
+
+    class Order:
+        def batches(self, start, stop):
+            return ([step % 56, step % 56 + 8] for step in range(start, stop))
+
+    points = Dataset("ring8", np.arange(128, dtype=np.float32).reshape(64, 2), np.zeros(64, np.int64))
+    loader = HostLoader(points, torch.device("cpu"), (-1.0, 1.0), workers=1)
+    loader.start(Order(), 0, 1_000)
+    try:
+        assert loader.batch(None).shape == (2, 2)
+        (worker,) = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+        os.kill(int(worker), signal.SIGINT)
+        time.sleep(0.5)
+        for step in range(1, 1_000):  # far past the batches it had prefetched
+            assert loader.batch(None)[0, 0] == 2 * (step % 56)
+    finally:
+        del loader._batches  # the iterator stops its worker
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_checkpoints_the_current_step_and_resume_finishes(signum, tmp_path):
     import subprocess

@@ -2,6 +2,8 @@
 (common/tensorflow/data.py is the twin)."""
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import torch
 
@@ -57,6 +59,14 @@ def _as_is(batch):
     return batch
 
 
+def _leave_ctrl_c_to_the_loop(worker_id: int) -> None:
+    """A terminal's Ctrl-C reaches the whole process group: a worker it killed made the
+    DataLoader raise at the next batch, or inside the checkpoint the loop was saving for the
+    Ctrl-C, and none was written. The workers ignore SIGINT; the loop stops them. (Not
+    SIGTERM: Python's exit stops a live loader's workers with it.)"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class HostLoader(DeviceData):
     """--workers N: the dataset stays in host memory; N persistent DataLoader processes gather
     the batches ahead of the loop (into pinned memory on CUDA, so the copy overlaps compute),
@@ -73,6 +83,7 @@ class HostLoader(DeviceData):
             _Rows(self.x.numpy()), batch_sampler=[local(batch) for batch in order.batches(start_step, stop_step)],
             collate_fn=_as_is, num_workers=self.workers, persistent_workers=True,
             pin_memory=self.device.type == "cuda", prefetch_factor=4,
+            worker_init_fn=_leave_ctrl_c_to_the_loop,
             generator=torch.Generator())  # its worker seed must not be drawn from the training RNG
         self._batches = iter(loader)
 
