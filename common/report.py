@@ -25,7 +25,9 @@ from common.config import POINT_DATASETS  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.runs import RunFolder, atomic_write  # noqa: E402
 
-NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms")
+# what a history row holds besides the losses: step, loss scaling, time, and (float16) the
+# steps a scaler skipped and those whose losses were not finite
+NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms", "skipped_at", "nonfinite_steps")
 SAMPLE_NAME = re.compile(r"^step_(\d{6,})\.png$")  # prior samples, not the VAE's _recon grids
 
 
@@ -133,9 +135,17 @@ def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
     plt.close(fig)
 
 
+def _is_value(value) -> bool:
+    """One number per step, which a curve can show (a list of steps, or a bool, is not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def loss_panels(sides: list[Side]) -> list[str]:
-    """The logged losses, plus the loss scale when any run scaled its loss (float16)."""
-    names = [key for key in sides[0].history[0] if key not in NOT_LOSSES] if sides[0].history else []
+    """The logged losses, plus the loss scale when any run scaled its loss (float16). Every row
+    counts, not only the first: a float16 run adds skipped_at and nonfinite_steps to the rows
+    of the intervals that had such steps."""
+    names = list(dict.fromkeys(key for side in sides for row in side.history for key, value in row.items()
+                               if key not in NOT_LOSSES and _is_value(value)))
     scaled = any(row.get("loss_scale", 1.0) != 1.0 for side in sides for row in side.history)
     return names + (["loss_scale"] if scaled else [])
 
@@ -147,7 +157,7 @@ def loss_figure(sides: list[Side], path: Path) -> None:
                              figsize=(4.5 * max(len(panels), 1), 3.4))
     for axis, name in zip(axes[0], panels):
         for side in sides:
-            rows = [row for row in side.history if name in row]
+            rows = [row for row in side.history if _is_value(row.get(name))]
             axis.plot([row["step"] for row in rows], [row[name] for row in rows],
                       label=side.label, linewidth=1.2)
         axis.set_title(name)

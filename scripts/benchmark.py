@@ -207,23 +207,23 @@ def main(argv=None) -> int:
             except UserError as error:  # the others' rows are still worth having
                 failed[configuration] = str(error)
                 print(f"error: {error}", file=sys.stderr, flush=True)
-    rows, baselines, single = [], {}, {}
-    for (model, framework, precision, compiled, workers, replicas), measured in runs.items():
+    rows = {}  # configuration: its median run
+    for configuration, measured in runs.items():
         if not measured:  # it failed in the first round; one that failed later keeps the runs it made
             continue
         measured = sorted(measured, key=lambda row: row["median_step_ms"])
-        row = {**measured[len(measured) // 2], "step_ms_runs": [r["median_step_ms"] for r in measured]}
-        # the row this model/framework's other rows are compared with
-        if precision == "fp32" and not compiled and not workers and replicas == 1:
-            baselines[model, framework] = row["median_step_ms"]
-        elif (model, framework) in baselines and replicas == 1:
+        rows[configuration] = {**measured[len(measured) // 2], "step_ms_runs": [r["median_step_ms"] for r in measured]}
+    # the rows the others are compared with, all of them first: --precisions may list fp32 last
+    baselines = {(model, framework): row["median_step_ms"]
+                 for (model, framework, precision, compiled, workers, replicas), row in rows.items()
+                 if precision == "fp32" and not compiled and not workers and replicas == 1}
+    for (model, framework, precision, compiled, workers, replicas), row in rows.items():
+        if replicas == 1 and (model, framework) in baselines and (precision, compiled, workers) != ("fp32", False, 0):
             row["speedup"] = baselines[model, framework] / row["median_step_ms"]
-        if replicas == 1:
-            single[model, framework, precision, compiled, workers] = row
-        elif (model, framework, precision, compiled, workers) in single:  # throughput over N one-replica ones
-            alone = single[model, framework, precision, compiled, workers]
+        alone = rows.get((model, framework, precision, compiled, workers, 1))
+        if replicas > 1 and alone:  # throughput over N one-replica ones
             row["scaling"] = row["samples_per_s"] / (replicas * alone["samples_per_s"])
-        rows.append(row)
+    rows = list(rows.values())
     machine = {"platform": platform.platform(), "cpu": cpu.describe(), "iters": args.iters,
                "log_every": args.log_every, "preset": args.preset, "flags": args.flags}
     failures = [{"configuration": configuration_name(*configuration), "error": error}

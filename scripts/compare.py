@@ -4,11 +4,15 @@ default), or float32 against AMP in one framework.
     python scripts/compare.py --model dcgan                        # PyTorch vs TensorFlow, float32
     python scripts/compare.py --model dcgan --amp --same-init      # under AMP, from the same weights
     python scripts/compare.py --model dcgan --fp32-vs-amp pytorch  # float32 vs AMP in PyTorch
+    python scripts/compare.py --model dcgan --fp32-vs-amp pytorch --amp-dtype float16  # AMP's dtype
     python scripts/compare.py --model vae --iters 500 --batch-size 64   # any training flag
 
 Each side is the model's own script, run in a fresh process (so one does not tax the other's
 timing), one after the other, into its normal run folder <runs>/<model>/<framework>-<precision>.
-Both sides get the same data, seed (hence the same fixed noise and batch order) and flags.
+Both sides get the same data, seed (hence the same fixed noise and batch order) and flags,
+except --amp-dtype, which only the AMP runs get (with --fp32-vs-amp, not the float32 one): it
+names the folder too (amp-fp16 or amp-bf16), so float16 on a CPU or bfloat16 on CUDA are runs
+of their own.
 With --same-init the TensorFlow side starts from the PyTorch side's initial weights
 (`--init-from`), so the sample grids agree at step 0 and show how far the trainings drift.
 A folder that already holds a run is reused with --reuse when its settings match (and
@@ -36,6 +40,7 @@ from common.errors import UsageError, UserError, exit_on_user_error
 from common.flags import OneLineErrorParser, output_folder
 from common.runs import RunFolder, read_json, settings_as_today
 
+AMP_DTYPES = ("auto", "float16", "bfloat16")  # the scripts' --amp-dtype choices
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 # what a run's results depend on: the settings --resume keeps, and those a run may change
 # between pauses that shape its training (clipping, loss scaling) or its step time (compilers)
@@ -55,9 +60,11 @@ class Plan:
     """One side: the script, its flags (without compare's own) and its run folder."""
 
     def __init__(self, model: str, framework: str, amp: bool, flags: list[str], runs: Path,
-                 device: str):
+                 device: str, amp_dtype: str | None = None):
         self.framework = framework
-        self.flags = [*flags, *(["--amp"] if amp else [])]
+        # --amp-dtype is the AMP side's alone: a float32 run refuses it (it needs --amp)
+        dtype = ["--amp-dtype", amp_dtype] if amp and amp_dtype else []
+        self.flags = [*flags, *(["--amp", *dtype] if amp else [])]
         self.model = models.get(model)
         # The script's own parser: bad flags end here with its one-line error, before training.
         self.config = parse_args(model, framework, self.flags)
@@ -121,11 +128,14 @@ def parse(argv):
     parser = OneLineErrorParser(
         description=__doc__.splitlines()[0],
         epilog="Any other flag (--iters, --batch-size, --lr, --seed, --dataset, --data-dir, "
-               "--amp-dtype, --sample-every, ...) goes to both runs unchanged.")
+               "--sample-every, ...) goes to both runs unchanged.")
     parser.add_argument("--model", required=True, choices=models.NAMES)
     parser.add_argument("--fp32-vs-amp", choices=models.FRAMEWORKS, metavar="FRAMEWORK",
                         help="compare float32 with AMP in this framework instead of the frameworks")
     parser.add_argument("--amp", action="store_true", help="both frameworks under AMP")
+    parser.add_argument("--amp-dtype", choices=AMP_DTYPES,
+                        help="the AMP runs' compute dtype (default auto: float16 on CUDA, bfloat16 "
+                             "on a CPU); with --fp32-vs-amp the float32 run does not get it")
     parser.add_argument("--same-init", action="store_true",
                         help="TensorFlow starts from PyTorch's initial weights")
     parser.add_argument("--reuse", action="store_true",
@@ -146,6 +156,9 @@ def parse(argv):
         raise UsageError("--reuse and --overwrite contradict each other: pick one")
     if args.fp32_vs_amp and (args.amp or args.same_init):
         raise UsageError("--fp32-vs-amp compares precisions in one framework: drop --amp/--same-init")
+    if args.amp_dtype not in (None, "auto") and not (args.amp or args.fp32_vs_amp):
+        raise UsageError(f"--amp-dtype {args.amp_dtype} needs --amp (both frameworks) or "
+                         "--fp32-vs-amp FRAMEWORK")
     args.model = models.get(args.model).key
     return args, flags
 
@@ -154,13 +167,18 @@ def parse(argv):
 def main(argv=None) -> int:
     args, flags = parse(argv)
     runs = Path(args.runs)
-    device = parse_args(args.model, "pytorch", flags).device  # validated again per side
+    # validated again per side; with the AMP flags, which the scripts check against each other
+    amp_flags = ["--amp", *(["--amp-dtype", args.amp_dtype] if args.amp_dtype else [])]
+    device = parse_args(args.model, "pytorch",
+                        [*flags, *(amp_flags if args.amp or args.fp32_vs_amp else [])]).device
     if args.fp32_vs_amp:
-        plans = [Plan(args.model, args.fp32_vs_amp, amp, flags, runs, device) for amp in (False, True)]
+        plans = [Plan(args.model, args.fp32_vs_amp, amp, flags, runs, device, args.amp_dtype)
+                 for amp in (False, True)]
         name = f"compare-fp32-vs-{plans[1].precision}-{args.fp32_vs_amp}"
         title = f"{args.model}: float32 vs {plans[1].precision} in {args.fp32_vs_amp}"
     else:
-        plans = [Plan(args.model, framework, args.amp, flags, runs, device) for framework in models.FRAMEWORKS]
+        plans = [Plan(args.model, framework, args.amp, flags, runs, device, args.amp_dtype)
+                 for framework in models.FRAMEWORKS]
         if args.same_init:
             plans[1].init_from = plans[0].folder
             plans[1].folder = plans[1].folder.with_name(plans[1].folder.name + "-init-pytorch")

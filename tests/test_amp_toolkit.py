@@ -448,6 +448,21 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys, monkeypat
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
 
 
+def test_benchmark_gives_the_speedup_when_fp32_is_listed_last(tmp_path, monkeypatch):
+    """--precisions amp-bf16 fp32: the AMP row is measured before its baseline, and once showed
+    "-" for its speedup."""
+    from scripts import benchmark
+
+    FakeScripts(monkeypatch, lambda command, call: 5.0 if "--amp" in command else 10.0)
+    assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "amp-bf16",
+                           "fp32", "--iters", "8", "--log-every", "2", "--out", str(tmp_path)]) == 0
+    amp, fp32 = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
+    assert (amp["precision"], fp32["precision"]) == ("amp-bf16", "fp32")
+    assert amp["speedup"] == pytest.approx(2.0) and "speedup" not in fp32
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "| vanilla_gan | pytorch | amp-bf16 |" in table and "| 2.00x |" in table
+
+
 @pytest.mark.parametrize("failing", ["compiled fp32", "fp32 in round 2"])
 def test_benchmark_goes_on_past_a_failed_configuration_and_says_so_at_the_end(failing, tmp_path, capsys,
                                                                              monkeypatch):

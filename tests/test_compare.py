@@ -145,6 +145,74 @@ def test_report_matches_steps_and_adds_a_loss_scale_panel_only_when_scaled(tmp_p
         report.load_side(tmp_path / "nowhere")
 
 
+def test_loss_panels_are_the_numbers_of_every_row_not_skipped_steps(tmp_path):
+    """A float16 run's rows name the steps its scaler skipped (lists, of unequal lengths) and
+    count the steps whose losses were not finite: no panels, and no numpy error plotting them."""
+    scaled = [{"step": 5, "d_loss": 1.0, "loss_scale": 2.0 ** 20, "skipped": 5, "skipped_at": [1, 2, 3, 4, 5],
+               "nonfinite_steps": 1},
+              {"step": 10, "d_loss": 0.9, "g_loss": 0.7, "loss_scale": 2.0 ** 19, "skipped": 2,
+               "skipped_at": [6, 9]},
+              {"step": 12, "d_loss": 0.8, "g_loss": 0.6, "loss_scale": 2.0 ** 19, "skipped": 0}]
+    plain = [{"step": step, "d_loss": 1.0, "g_loss": 0.5, "loss_scale": 1.0} for step in (5, 10, 12)]
+    amp = fake_side(tmp_path, "amp", [0, 12], scaled)
+    fp32 = fake_side(tmp_path, "fp32", [0, 12], plain)
+    assert report.loss_panels([amp, fp32]) == ["d_loss", "g_loss", "loss_scale"]
+    for side in (amp, fp32):
+        for step in (0, 12):
+            plt.imsave(side.run.sample_path(step), np.zeros((8, 8)), cmap="gray")
+    report.write_report([amp, fp32], tmp_path / "report", "t", "cmd")
+    assert (tmp_path / "report" / "losses.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("mode", [["--amp"], ["--fp32-vs-amp", "pytorch"]])
+def test_compare_gives_amp_dtype_to_the_amp_runs_alone(mode, tmp_path, monkeypatch):
+    """--amp-dtype float16 on a CPU (or bfloat16 on CUDA): the float32 run refuses it, and
+    compare once passed it to every script without the --amp it had taken itself."""
+    trained = []
+
+    class Planned(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Planned
+
+    monkeypatch.setattr(compare, "train", lambda plan, extra: trained.append(plan))
+    monkeypatch.setattr(compare.report, "load_side", stop)  # no report: the runs were not trained
+    with pytest.raises(Planned):
+        compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path), *TINY, "--iters", "2",
+                      "--device", "cpu", *mode, "--amp-dtype", "float16"])
+    amp_runs = trained if mode == ["--amp"] else trained[1:]
+    assert [plan.framework for plan in trained] == (["pytorch", "tensorflow"] if mode == ["--amp"] else
+                                                    ["pytorch", "pytorch"])
+    for plan in amp_runs:
+        command = plan.command([])
+        assert command[command.index("--amp-dtype") + 1] == "float16" and "--amp" in command
+        assert (plan.config.amp_dtype, plan.precision) == ("float16", "amp-fp16")
+        assert plan.folder.name == f"{plan.framework}-amp-fp16" and plan.expected()["amp_dtype"] == "float16"
+    if mode != ["--amp"]:
+        fp32 = trained[0]
+        assert "--amp-dtype" not in fp32.command([]) and "--amp" not in fp32.command([])
+        assert (fp32.config.amp_dtype, fp32.precision, fp32.folder.name) == ("auto", "fp32", "pytorch-fp32")
+
+
+def test_compare_fp32_vs_float16_on_a_cpu(tmp_path):
+    """Trained: the float16 run's history names the steps its scaler skipped (--init-scale 1e8
+    overflows at first), and the report plots the float32 and float16 runs' losses side by side."""
+    runs = tmp_path / "runs"
+    assert compare.main(["--model", "vanilla_gan", "--runs", str(runs), "--fp32-vs-amp", "pytorch",
+                         "--amp-dtype", "float16", "--init-scale", "1e8", "--iters", "5", "--log-every", "2",
+                         "--sample-every", "5", "--batch-size", "8", "--width", "8", "--data-limit", "64",
+                         "--no-tensorboard", "--device", "cpu"]) == 0
+    fp32, amp = (json.loads((runs / "vanilla_gan" / name / "config.json").read_text())
+                 for name in ("pytorch-fp32", "pytorch-amp-fp16"))
+    assert (fp32["amp"], fp32["amp_dtype"], amp["amp"], amp["amp_dtype"]) == (False, "auto", True, "float16")
+    table = json.loads((runs / "vanilla_gan" / "compare-fp32-vs-amp-fp16-pytorch" / "table.json").read_text())
+    assert [row["precision"] for row in table["rows"]] == ["fp32", "amp-fp16"]
+    assert table["rows"][1]["skipped_steps"] > 0
+    history = report.load_side(runs / "vanilla_gan" / "pytorch-amp-fp16").history
+    assert len({len(row.get("skipped_at", [])) for row in history}) > 1  # [1, 2], [3, 4], [5]: no array
+
+
 def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # --runs relative to where the user is, for compare and its runs
     runs = Path("runs")

@@ -232,6 +232,25 @@ def test_compare_reuses_sound_fake_runs(tmp_path):
     assert compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]) == 0
 
 
+def test_compare_plots_a_float16_history_that_names_its_skipped_steps(tmp_path, capsys):
+    """skipped_at (steps, in lists of unequal lengths) and nonfinite_steps, as a float16 run logs
+    them: once a loss panel each, and numpy's "inhomogeneous shape" traceback."""
+    from common import report
+    from scripts import compare
+
+    folder = fake_compare_runs(tmp_path / "runs")["pytorch"]
+    rows = [{"step": 1, "d_loss": 1.0, "loss_scale": 32768.0, "skipped": 2, "skipped_at": [0, 1],
+             "nonfinite_steps": 2},
+            {"step": 2, "d_loss": 0.5, "loss_scale": 16384.0, "skipped": 1, "skipped_at": [2]}]
+    (folder / "history.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder.parent / "tensorflow-fp32" / "history.jsonl").write_text("".join(
+        json.dumps({"step": 2, "d_loss": 1.0, "skipped_at": [1, 2]}) + "\n" for _ in range(2)))
+    assert compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    sides = [report.load_side(folder), report.load_side(folder.parent / "tensorflow-fp32")]
+    assert report.loss_panels(sides) == ["d_loss", "loss_scale"]
+
+
 # JSON a run never writes, though valid: each once ended in a traceback in a table or a plot
 EDITED_SUMMARIES = ['{"step": "2"}', '{"step": 2, "final": [1]}', '{"step": 2, "final": {"d_loss": "x"}}',
                     '{"step": 2, "median_step_ms": "5"}', '{"step": 2, "metrics": {"fid": "x"}}',
