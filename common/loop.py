@@ -561,18 +561,21 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             # and whether it stopped before its --iters: evaluating a run stopped with Ctrl-C
             # measures it where it stands, and it stays unfinished (quality_table.py skips it)
             summary = dict(previous)
-    if cfg.evaluate and not stopped_early and run.writable:
+    # The training's figures are written, and the other replicas let go, before the evaluation:
+    # it is the writer's alone, and one that outlasted the replicas' wait (10 minutes) ended
+    # the run without a summary; one that fails leaves the training's.
+    run.write_summary(summary)
+    session.replicas.wait_for_writer()
+    if stopped_early:
+        log(f"stopped at step {step}, checkpoint saved; continue with the same command and --resume")
+        sys.exit(128 + stop_signal)  # the shell's status for that signal: 130 for Ctrl-C
+    if cfg.evaluate and run.writable:
         summary["metrics"] = session.evaluate(cfg)
         summary.pop("metrics_over_draws", None)  # an earlier evaluation's
         if "draws" in summary["metrics"]:  # --eval-draws: each draw's figures
             summary["metrics_over_draws"] = summary["metrics"].pop("draws")
         board.metrics(summary["metrics"], step)
-    run.write_summary(summary)
-    if stopped_early:
-        session.replicas.wait_for_writer()
-        log(f"stopped at step {step}, checkpoint saved; continue with the same command and --resume")
-        sys.exit(128 + stop_signal)  # the shell's status for that signal: 130 for Ctrl-C
-    session.replicas.wait_for_writer()
+        run.write_summary(summary)
     if log_interval.median_step_ms() is not None:  # this process trained: the figures are its own
         log(f"done: step {step}, median {summary['median_step_ms']:.2f} ms/step "
             f"({summary['samples_per_s']:.0f} samples/s), peak memory "

@@ -162,6 +162,29 @@ def test_occasional_nonfinite_losses_do_not_stop_the_run(tmp_path):
     assert all(row["nonfinite_steps"] == 1 for row in history)
 
 
+def test_the_other_replicas_are_let_go_and_the_summary_written_before_the_evaluation(tmp_path, monkeypatch):
+    """The evaluation is the writer's alone: the other replicas waited through it, and one that
+    outlasted their wait (10 minutes) ended the run without a summary; one that failed did too."""
+    events = []
+
+    class Replicas(OneProcess):
+        def wait_for_writer(self):
+            events.append("replicas let go")
+
+    def evaluate(session, cfg):
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        events.append(f"evaluated after a summary at step {summary['step']}")
+        raise RuntimeError("the evaluation failed")
+
+    monkeypatch.setattr(ScriptedSession, "replicas", Replicas())
+    monkeypatch.setattr(ScriptedSession, "evaluate", evaluate, raising=False)
+    with pytest.raises(RuntimeError, match="the evaluation failed"):
+        run_loop(tmp_path, lambda step: {"loss": 1.0}, iters=20, evaluate=10)
+    assert events == ["replicas let go", "evaluated after a summary at step 20"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["step"] == 20 and "metrics" not in summary  # the training's figures stay
+
+
 # --- the options reach the frameworks ------------------------------------------------------
 
 SCALER_FLAGS = ["--amp", "--amp-dtype", "float16", "--init-scale", "1024", "--growth-interval", "7"]
