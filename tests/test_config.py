@@ -48,8 +48,8 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--clip-grad-norm", "1e39"], "--clip-grad-norm: must be 0 (off) or a positive number up to 10**6, got 1e39"),
     (["--weight-decay", "2e6"], "--weight-decay: must be 0 (off) or a positive number up to 10**6"),
     # 3 nearest neighbours need more than 3 samples: this failed after the training
-    (["--evaluate", "3"], "--evaluate: must be 0 (off) or from 10 to 1,000,000, got 3"),
-    (["--evaluate", "-1"], "--evaluate: must be 0 (off) or from 10 to 1,000,000"),
+    (["--evaluate", "3"], "--evaluate: must be 0 (off) or from 10 to 50,000, got 3"),
+    (["--evaluate", "-1"], "--evaluate: must be 0 (off) or from 10 to 50,000"),
     # an unset shell variable: "" would mean the default run folder (which --overwrite replaces)
     (["--out", ""], "--out: must name a path, got an empty or blank string"),
     (["--init-from", " "], "--init-from: must name a path"),
