@@ -43,8 +43,9 @@ from common.runs import RunFolder, read_json, settings_as_today
 AMP_DTYPES = ("auto", "float16", "bfloat16")  # the scripts' --amp-dtype choices
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 # what a run's results depend on: the settings --resume keeps, and those a run may change
-# between pauses that shape its training (clipping, loss scaling) or its step time (compilers)
-MATCHING = (*RESUME_KEYS, "precision", "init_from", "amp_dtype", "clip_grad_norm", "init_scale", "growth_interval",
+# between pauses that shape its training (clipping, loss scaling) or its step time (compilers);
+# "precision" is the dtype that ran, so --amp-dtype auto and bfloat16 on a CPU are one run
+MATCHING = (*RESUME_KEYS, "precision", "init_from", "clip_grad_norm", "init_scale", "growth_interval",
             "growth_factor", "backoff_factor", "xla", "compile")
 
 

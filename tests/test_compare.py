@@ -320,3 +320,18 @@ def test_a_png_header_claiming_a_huge_image_is_unreadable_not_allocated(side, tm
     with pytest.raises(report.UserError, match="not a readable PNG image.*decompression bomb") as info:
         report.read_png(path)
     assert "\n" not in str(info.value)
+
+
+def test_reuse_takes_an_auto_amp_run_for_the_same_dtype_named(tmp_path):
+    """On a CPU --amp is bfloat16: a run made with --amp is the run --amp --amp-dtype bfloat16
+    asks for (the folder and the recorded precision agree); it was refused as other settings."""
+    flags = ["--iters", "4", *TINY]
+    made = compare.Plan("vanilla_gan", "pytorch", True, flags, tmp_path, "cpu")
+    made.folder.mkdir(parents=True)
+    (made.folder / "config.json").write_text(json.dumps(made.expected()))
+    (made.folder / "summary.json").write_text(json.dumps({"step": 4}))
+    named = compare.Plan("vanilla_gan", "pytorch", True, flags, tmp_path, "cpu", amp_dtype="bfloat16")
+    assert named.folder == made.folder and named.precision == made.precision == "amp-bf16"
+    assert compare.decide(named, reuse=True, overwrite=False) is None  # reused as it is
+    other = compare.Plan("vanilla_gan", "pytorch", True, flags, tmp_path, "cpu", amp_dtype="float16")
+    assert other.folder != made.folder
