@@ -130,7 +130,9 @@ def evaluate(cfg, trainer, log=print) -> dict:
     if hasattr(trainer, "decode_logits"):
         # drawn at random, as for FID: MNIST's first 1,000 test images scored a bound 5 nats
         # better than all 10,000 (the test set's first half is its cleaner writers)
-        test = random_subset(datasets.fixed_test_images(cfg, MNIST_TEST_IMAGES), count)
+        # ("folder" has no test split: its first training images, as many as asked)
+        pool = count if cfg.dataset == "folder" else MNIST_TEST_IMAGES
+        test = random_subset(datasets.fixed_test_images(cfg, pool), count)
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
     shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items() if k != "samples")
     log(f"evaluation ({count} samples): {shown}")

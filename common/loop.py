@@ -129,6 +129,7 @@ class Monitor:
         self.cfg, self.log = cfg, log
         self.nonfinite_streak, self.nonfinite_since = 0, None
         self.low_scale_since, self.warned = None, False
+        self.withheld_checkpoint = False
 
     def observe(self, first_step: int, rows: list[dict], loss_scale: float) -> dict:
         """`rows[i]` holds the values of step first_step + i; returns the history fields."""
@@ -165,6 +166,14 @@ class Monitor:
     @property
     def diverged(self) -> bool:
         return self.nonfinite_streak >= self.cfg.nonfinite_patience
+
+    def checkpoint_withheld(self, step: int, where: str) -> None:
+        """Said once: the state of a run whose losses stay finite can hold inf/NaN too (batch-norm
+        statistics after one float16 overflow), and its checkpoints would stop without a word."""
+        if not self.withheld_checkpoint:
+            self.withheld_checkpoint = True
+            self.log(f"warning: the state at step {step} holds inf/NaN in {where}: no checkpoint is written "
+                     "until it is finite again, but at the last step; the last good one stays for --resume")
 
 
 # --- the parts of a run -------------------------------------------------------------------
@@ -427,7 +436,9 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
         return
 
     def save_checkpoint():
-        if not finishing and session.checkpoints.nonfinite():
+        withheld = None if finishing else session.checkpoints.nonfinite()
+        if withheld:
+            log_interval.monitor.checkpoint_withheld(step, withheld)
             return
         session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
                                  {"step": step, "skipped_total": skipped_total, "model": cfg.model})

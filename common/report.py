@@ -73,10 +73,10 @@ def matching_steps(sides: list[Side], most: int = 4) -> list[int]:
 def read_png(path: Path) -> np.ndarray:
     """A saved sample grid; one UserError line when the file is not a readable PNG."""
     path = Path(path)
-    if path.exists() and not path.is_file():  # a FIFO would block the read forever
-        raise UserError(f"{path} is not a regular file, where the run keeps a sample grid; "
-                        "delete it or train the run again")
     try:
+        if path.exists() and not path.is_file():  # a FIFO would block the read forever
+            raise UserError(f"{path} is not a regular file, where the run keeps a sample grid; "
+                            "delete it or train the run again")
         # Image.open reads the header alone and refuses dimensions past Pillow's
         # MAX_IMAGE_PIXELS (a grid holds a few megapixels at most): plt.imread skips that
         # check and would allocate what a damaged header claims

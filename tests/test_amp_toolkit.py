@@ -139,8 +139,10 @@ def test_losses_that_stay_nonfinite_stop_the_run_with_a_checkpoint(tmp_path):
 def test_a_divergence_keeps_the_good_checkpoints_and_names_the_last(tmp_path):
     # the weights go NaN at step 30; checkpoints every 5 steps, a patience of 40 steps
     values = lambda step: {"loss": math.nan if step >= 30 else 1.0}
-    error, _, _, session = run_loop(tmp_path, values, weights_nonfinite_from=30, iters=1000,
-                                    checkpoint_every=5, nonfinite_patience=40)
+    error, _, messages, session = run_loop(tmp_path, values, weights_nonfinite_from=30, iters=1000,
+                                           checkpoint_every=5, nonfinite_patience=40)
+    withheld = [m for m in messages if m.startswith("warning: the state at step 30 holds inf/NaN in modules/")]
+    assert len(withheld) == 1  # said once, not at every withheld checkpoint
     # no checkpoint of NaN weights pruned the good ones: --resume picks step 25's
     assert session.saved[-3:] == ["step_000020.npz", "step_000025.npz", "diverged_step_000070.npz"]
     assert RunFolder(tmp_path / "run").latest_checkpoint()[0] == 25

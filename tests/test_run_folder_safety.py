@@ -625,3 +625,30 @@ def test_a_file_where_the_run_keeps_a_folder_is_one_error_line_and_changes_nothi
     assert (run / "config.json").read_bytes() == settings  # the refused resume wrote nothing
     if kind == "file":
         assert (run / folder).read_text() == "a file, not the run's folder"
+
+
+def test_a_loss_scale_of_zero_counts_as_a_state_not_to_checkpoint():
+    """About 165 overflows in a row take 65536 to 0 inside --nonfinite-patience's 200 steps;
+    such a checkpoint, whose weights are finite, pruned good ones and was refused by --resume."""
+    from types import SimpleNamespace
+
+    import keras
+
+    from common.tensorflow.amp import LossScaleOptimizer
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    trainer = SimpleNamespace(modules={}, optimizers={}, averages={})
+    checkpoints = pytorch_checkpoint.Checkpoints(trainer, SimpleNamespace(scaler=scaler))
+    assert checkpoints.nonfinite() is None
+    scaler.scale(torch.ones(1))  # creates the scale tensor
+    scaler.update(0.0)
+    assert checkpoints.nonfinite() == "scaler/scale"
+
+    optimizer = LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=1024.0)
+    optimizer.build([keras.Variable(1.0)])
+    noise = SimpleNamespace(draws=keras.Variable(0, dtype="int64"))
+    trainer = SimpleNamespace(modules={}, optimizers={"generator": optimizer}, averages={}, noise=noise)
+    checkpoints = tensorflow_checkpoint.Checkpoints(trainer, None)
+    assert checkpoints.nonfinite() is None
+    optimizer.dynamic_scale.assign(0.0)
+    assert checkpoints.nonfinite() == "optimizer/generator: the loss scale"

@@ -39,10 +39,14 @@ class Checkpoints:
         atomic_write(path, lambda file: torch.save(state, file))
 
     def nonfinite(self) -> str | None:
-        return next(filter(None, (first_nonfinite({k: part[k].state_dict() for k in part}, name)
-                                  for name, part in (("modules", self.trainer.modules),
-                                                     ("optimizers", self.trainer.optimizers),
-                                                     ("averages", self.trainer.averages)))), None)
+        """Where the state holds inf/NaN, a loss scale of 0 included (restore refuses both)."""
+        found = next(filter(None, (first_nonfinite({k: part[k].state_dict() for k in part}, name)
+                                   for name, part in (("modules", self.trainer.modules),
+                                                      ("optimizers", self.trainer.optimizers),
+                                                      ("averages", self.trainer.averages)))), None)
+        if found is None and self.runtime.scaler.is_enabled() and not 0 < self.runtime.scaler.get_scale() < math.inf:
+            return "scaler/scale"
+        return found
 
     def restore(self, path: Path) -> dict:
         """Load every piece of the state; returns the meta (step, skipped_total, model)."""

@@ -49,9 +49,13 @@ class Checkpoints:
         atomic_write(path, lambda file: np.savez(file, **arrays))
 
     def nonfinite(self) -> str | None:
-        return next((f"{group}/{index:04d}" for group, variables in _variables(self.trainer).items()
-                     for index, variable in enumerate(variables)
-                     if (value := variable.numpy()).dtype.kind == "f" and not np.isfinite(value).all()), None)
+        """Where the state holds inf/NaN, a loss scale of 0 included (restore refuses both)."""
+        found = next((f"{group}/{index:04d}" for group, variables in _variables(self.trainer).items()
+                      for index, variable in enumerate(variables)
+                      if (value := variable.numpy()).dtype.kind == "f" and not np.isfinite(value).all()), None)
+        scales = [(name, float(o.dynamic_scale.numpy())) for name, o in self.trainer.optimizers.items()
+                  if isinstance(o, keras.optimizers.LossScaleOptimizer)]
+        return found or next((f"optimizer/{name}: the loss scale" for name, scale in scales if not scale > 0), None)
 
     def restore(self, path: Path) -> dict:
         """Load every piece of the state; returns the meta (step, skipped_total, model)."""
