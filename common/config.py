@@ -36,8 +36,9 @@ MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows wit
 # FID-50k, the most GAN papers report; precision and recall's nearest neighbours cost the square
 # of it (44 s at 50,000 on 2 cores; 1,000,000 would take hours)
 MAX_EVALUATE = 50_000
+AMP_DTYPES = ("auto", "float16", "bfloat16")  # --amp-dtype's choices
 MIN_EVALUATE = 10  # precision and recall compare each sample with its 3 nearest neighbours
-MAX_EVAL_DRAWS = 20  # 20 evaluations of 10,000 samples: minutes, inside the replicas' 10-minute wait
+MAX_EVAL_DRAWS = 20  # 20 evaluations of 10,000 samples: minutes (rank 0's alone: no replica waits)
 MAX_IWAE_K = 10_000       # IWAE's paper evaluates with k = 5,000
 MAX_GROWTH_INTERVAL = 2**31 - 1  # the loss scalers count clean steps in 32 (PyTorch) and 64 bits (Keras)
 # ... and of the flags a framework turns into float32 scalars, whose overflow raised deep in a step.
@@ -124,7 +125,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     precision.add_argument("--amp", action="store_true",
                            help="automatic mixed precision: float16 + loss scaling on CUDA, "
                                 "bfloat16 (no scaling) on CPU")
-    precision.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"),
+    precision.add_argument("--amp-dtype", choices=AMP_DTYPES,
                            help="override the AMP compute dtype (needs --amp)")
     precision.add_argument("--tf32", choices=("auto", "on", "off"),
                            help="NVIDIA GPUs since Ampere: float32 matmuls and convolutions in "

@@ -35,12 +35,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import models, report
-from common.config import RESUME_KEYS, parse_args, resolve_precision
+from common.config import AMP_DTYPES, RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error
 from common.flags import OneLineErrorParser, output_folder
 from common.runs import RunFolder, read_json, settings_as_today
 
-AMP_DTYPES = ("auto", "float16", "bfloat16")  # the scripts' --amp-dtype choices
 OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
 # what a run's results depend on: the settings --resume keeps, and those a run may change
 # between pauses that shape its training (clipping, loss scaling) or its step time (compilers);

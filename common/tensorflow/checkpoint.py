@@ -101,9 +101,7 @@ class Checkpoints:
                 with np.errstate(over="ignore", invalid="ignore"):
                     value = arrays[key].astype(expected)
                 # counts (Adam's iterations, the noise's draws) >= 0: Adam divides by
-                # 1 - beta**(iterations + 1); inf/NaN the loop refuses to train on (meta)
-                if value.dtype.kind == "f" and "nonfinite" not in meta and not np.isfinite(value).all():
-                    meta["nonfinite"] = key
+                # 1 - beta**(iterations + 1)
                 if value.dtype.kind in "iu" and (value < 0).any():
                     raise CheckpointError(f"checkpoint {path} is damaged: {key} holds a negative count")
                 variable.assign(value)
@@ -118,6 +116,7 @@ class Checkpoints:
                 # instead of never, as the PyTorch twin's
                 limit = optimizer.dynamic_growth_steps - 1
                 optimizer.step_counter.assign(min(int(optimizer.step_counter.numpy()), limit))
+        meta["nonfinite"] = self.nonfinite()  # inf/NaN, as loaded, the loop refuses to train on
         if found == OLD_NOISE_FORMAT:
             meta["warning"] = (f"warning: {path} predates the counted noise (format 1): its noise restarts, so "
                                "training on from it does not end as an uninterrupted run would")
