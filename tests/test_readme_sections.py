@@ -67,3 +67,21 @@ def test_every_readme_section_the_code_names_is_one_of_its_headings():
                   for name in IN_CODE.findall(one_line(path.read_text()))]
     assert len(references) >= 5
     assert [(path, name) for path, name in references if not names_a_heading(name)] == []
+
+
+def github_anchor(heading_line: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation but '-' and '_' dropped, spaces '-'."""
+    return re.sub(r"[^\w\- ]", "", heading_line.lstrip("#").strip().lower()).replace(" ", "-")
+
+
+def test_the_contents_links_lead_to_headings():
+    anchors, in_block = set(), False
+    for line in README.splitlines():
+        if line.lstrip().startswith("```"):
+            in_block = not in_block
+        elif not in_block and re.match(r"#{1,6} ", line):
+            anchors.add(github_anchor(line))
+    links = re.findall(r"\]\(#([^)]+)\)", README)
+    assert len(links) >= 30  # the contents list, one link per section
+    assert [link for link in links if link not in anchors] == []
+    assert github_anchor("### What `--amp` does") == "what---amp-does"
