@@ -1,6 +1,7 @@
 """The GAN training step in PyTorch, with automatic mixed precision, shared by the vanilla GAN,
 LSGAN and DCGAN: they differ only in their networks and their two loss functions. The
-TensorFlow twin is gan_step_tensorflow.py.
+TensorFlow twin is gan_step_tensorflow.py. WGAN-GP (GAN/wgan_gp) subclasses GAN for its
+networks, optimizers and samples and writes its own step.
 
 One iteration:
     1. generate one fake batch under autocast;

@@ -1,6 +1,7 @@
 """The GAN training step in TensorFlow/Keras, with automatic mixed precision, shared by the
 vanilla GAN, LSGAN and DCGAN: they differ only in their networks and their two loss
-functions. The PyTorch twin is gan_step_pytorch.py.
+functions. The PyTorch twin is gan_step_pytorch.py. WGAN-GP (GAN/wgan_gp) subclasses GAN
+for its networks, optimizers and samples and writes its own step.
 
 One iteration (compiled once by tf.function in common/tensorflow/session.py):
     1. generate one fake batch;

@@ -17,7 +17,6 @@ from common.errors import UsageError
 
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
 POINT_DATASETS = ("ring8", "grid25")
-PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
 ADAM_EPSILON = 1e-8  # PyTorch's default, set in both frameworks: Keras' is 1e-7
 
 # Dynamic loss scaling (float16 only), the same in both frameworks: start at 2**16, halve on
@@ -26,12 +25,12 @@ ADAM_EPSILON = 1e-8  # PyTorch's default, set in both frameworks: Keras' is 1e-7
 # always doubles and halves (its factors are not settable).
 LOSS_SCALE_INIT = 2.0**16
 LOSS_SCALE_GROWTH_INTERVAL = 2000
-KERAS_GROWTH_FACTOR, KERAS_BACKOFF_FACTOR = 2.0, 0.5
+LOSS_SCALE_GROWTH_FACTOR, LOSS_SCALE_BACKOFF_FACTOR = 2.0, 0.5
 SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale before a warning
 
 # Upper bounds of the flags that size memory, so that a typo (an extra zero) ends in a message
 # instead of an allocation of hundreds of GiB. Past them nothing fits a single machine anyway.
-MAX_WIDTH = 4096          # 16x the largest default (the vanilla GAN's 256)
+MAX_WIDTH = 4096          # about 10x the largest default (the VAE's 400)
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 # FID-50k, the most GAN papers report; precision and recall's nearest neighbours cost the square
 # of it (44 s at 50,000 on 2 cores; 1,000,000 would take hours)
@@ -87,8 +86,8 @@ class RunConfig:
     iwae_k: int = 100
     eval_draws: int = 1
     init_scale: float = LOSS_SCALE_INIT
-    growth_factor: float = KERAS_GROWTH_FACTOR
-    backoff_factor: float = KERAS_BACKOFF_FACTOR
+    growth_factor: float = LOSS_SCALE_GROWTH_FACTOR
+    backoff_factor: float = LOSS_SCALE_BACKOFF_FACTOR
     growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
     min_loss_scale: float = 16.0
     nonfinite_patience: int = 200
@@ -156,8 +155,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
 
     model_group = parser.add_argument_group("model")
     model_group.add_argument("--width", type=flags.int_in(1, MAX_WIDTH),
-                             help="the networks' width: hidden units of an MLP; DCGAN's base "
-                                  "channels (G's last hidden layer, D's first)")
+                             help="the networks' width: the VAE's hidden units; the MLP GANs' smallest "
+                                  "hidden layer (the others are multiples of it); DCGAN's and "
+                                  "WGAN-GP's base channels (G's last hidden layer, D's first)")
 
     training = parser.add_argument_group("training")
     training.add_argument("--iters", type=flags.positive_int, help="training iterations")
@@ -298,7 +298,7 @@ def validate(cfg: RunConfig) -> None:
     if not 0 < cfg.backoff_factor < 1:
         raise UsageError(f"--backoff-factor {cfg.backoff_factor} must be between 0 and 1 (the scale shrinks)")
     if cfg.framework == "tensorflow" and (cfg.growth_factor, cfg.backoff_factor) != (
-            KERAS_GROWTH_FACTOR, KERAS_BACKOFF_FACTOR):
+            LOSS_SCALE_GROWTH_FACTOR, LOSS_SCALE_BACKOFF_FACTOR):
         raise UsageError("Keras' LossScaleOptimizer always doubles and halves its scale: "
                          "--growth-factor and --backoff-factor are PyTorch-only")
     if cfg.ema_decay and models.get(cfg.model).family != "GAN":

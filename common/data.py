@@ -214,12 +214,6 @@ def to_unit_range(x_uint8: np.ndarray) -> np.ndarray:
     return x_uint8.astype(np.float32) / 255.0
 
 
-def to_tanh_range(x_uint8: np.ndarray) -> np.ndarray:
-    """uint8 pixels -> float32 in [-1, 1], the range of a tanh generator output."""
-    _require_uint8(x_uint8)
-    return x_uint8.astype(np.float32) / 127.5 - 1.0
-
-
 def _require_uint8(x: np.ndarray) -> None:
     """Scaling already-scaled floats again would silently squash the data, so refuse it."""
     if x.dtype != np.uint8:

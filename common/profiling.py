@@ -17,7 +17,7 @@ class Profiler(Protocol):
     """A framework's profiler over the window (common/pytorch/profiling.py,
     common/tensorflow/profiling.py)."""
 
-    clock: str  # what its times measure, for the table's title: "CPU time", "CUDA kernel time"
+    clock: str  # what its times measure, for the table's title: "CPU time", "CUDA kernel time", "host time"
 
     def start(self, folder: Path) -> None: ...
 

@@ -1,12 +1,14 @@
 """The run folder every script writes, and the batch order both frameworks share.
 
 runs/<model>/<framework>-<precision>/
-    config.json      the flags, the resolved precision and device, library versions (and earlier ones)
-    history.jsonl    one JSON object per logged step
-    fixed_noise.npy  the noise every sample grid is drawn from
-    samples/         step_XXXXXX.png
-    checkpoints/     step_XXXXXX.pt (PyTorch) or step_XXXXXX.npz (TensorFlow), last two kept
-    summary.json     median step time, samples/s, peak memory, final losses
+    config.json          the flags, the resolved precision and device, library versions (and earlier ones)
+    history.jsonl        one JSON object per logged step
+    fixed_noise.npy      the noise every sample grid is drawn from
+    initial_weights.npz  the step-0 weights, in the form --init-from reads in either framework
+    samples/             step_XXXXXX.png (and the VAE's step_XXXXXX_recon.png)
+    checkpoints/         step_XXXXXX.pt (PyTorch) or step_XXXXXX.npz (TensorFlow), last two kept
+    summary.json         median step time, samples/s, peak memory, final losses, --evaluate's metrics
+    events.out.tfevents.*  TensorBoard's (common/tensorboard.py); profile/ under --profile
 """
 from __future__ import annotations
 

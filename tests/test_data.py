@@ -30,7 +30,6 @@ from common.data import (
     mixture_spec,
     read_cifar10_batch,
     read_idx,
-    to_tanh_range,
     to_unit_range,
 )
 from common.errors import DataError
@@ -818,12 +817,11 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
 
 def test_pixel_ranges():
     pixels = np.array([0, 51, 255], dtype=np.uint8)
-    tanh, unit = to_tanh_range(pixels), to_unit_range(pixels)
-    assert tanh.dtype == np.float32 and unit.dtype == np.float32
-    np.testing.assert_allclose(tanh, [-1.0, 51 / 127.5 - 1, 1.0], atol=1e-6)
+    unit = to_unit_range(pixels)
+    assert unit.dtype == np.float32
     np.testing.assert_allclose(unit, [0.0, 0.2, 1.0], atol=1e-6)
     with pytest.raises(TypeError):
-        to_tanh_range(unit)
+        to_unit_range(unit)
 
 
 # ---------------------------------------------------------------------------------------------

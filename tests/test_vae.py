@@ -265,8 +265,8 @@ def test_tensorflow_reparameterisation_and_kl_do_not_overflow_in_16_bits(dtype):
 
 
 def test_pytorch_heads_run_in_float32_under_autocast():
-    encoder = vae_pytorch.Encoder((1, 28, 28), hparams.HIDDEN)
-    decoder = vae_pytorch.Decoder((1, 28, 28), hparams.HIDDEN)
+    encoder = vae_pytorch.Encoder((1, 28, 28), hparams.WIDTH)
+    decoder = vae_pytorch.Decoder((1, 28, 28), hparams.WIDTH)
     x = torch.rand(4, 1, 28, 28)
     with torch.amp.autocast("cpu", dtype=torch.bfloat16):
         assert encoder.hidden(x).dtype == torch.bfloat16  # autocast is really on
@@ -282,8 +282,8 @@ def test_tensorflow_heads_run_in_float32_under_mixed_policy():
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
-        encoder = vae_tensorflow.make_encoder((28, 28, 1), hparams.HIDDEN)
-        decoder = vae_tensorflow.make_decoder((28, 28, 1), hparams.HIDDEN)
+        encoder = vae_tensorflow.make_encoder((28, 28, 1), hparams.WIDTH)
+        decoder = vae_tensorflow.make_decoder((28, 28, 1), hparams.WIDTH)
         hidden = keras.Model(encoder.input, encoder.layers[2].output)
         x = tf.random.uniform((4, 28, 28, 1))
         assert hidden(x).dtype == tf.bfloat16  # the policy is really on

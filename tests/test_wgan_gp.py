@@ -5,6 +5,7 @@ rule, and the twins' MLPs computing the same function (the image networks are in
 tests/test_porting.py with every model)."""
 import json
 import math
+import types
 
 import keras
 import numpy as np
@@ -123,20 +124,20 @@ def at_the_first_finite_scale(critic_step) -> tuple[float, float, list]:
     raise AssertionError("float16 overflowed at every scale down to 2**10")
 
 
-def torch_critic_step(critic, real, fake, eps, scale: float | None, unscale=True):
+def torch_critic_step(critic, real, fake, eps, scale: float | None):
     """The critic's penalty and its gradients, as WGANGP.train_step computes them; with a
     `scale`: float16 autocast and a GradScaler at that scale, the gradients read unscaled."""
     scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
     critic.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.float16, enabled=scale is not None):
-        penalty = wgan_gp_pytorch.gradient_penalty(critic, real, fake, eps, scaler, unscale=unscale)
+        penalty = wgan_gp_pytorch.gradient_penalty(critic, real, fake, eps, scaler)
         loss = wgan_gp_pytorch.critic_loss(critic(real), critic(fake), penalty, hparams.penalty_weight(real.shape[1:]))
     scaler.scale(loss).backward()
     return float(penalty.detach()), [p.grad.numpy() / (scale or 1.0) for p in critic.parameters()]
 
 
 @pytest.mark.parametrize("shape", [(1, 28, 28), (2,)], ids=["conv-28x28", "mlp-points"])
-def test_pytorch_float16_penalty_and_critic_gradients_equal_float32(shape):
+def test_pytorch_float16_penalty_and_critic_gradients_equal_float32(shape, monkeypatch):
     torch.manual_seed(0)
     critic = wgan_gp_pytorch.build_networks(shape, 4)["discriminator"]
     real, fake = torch.rand(8, *shape) * 2 - 1, torch.rand(8, *shape) * 2 - 1
@@ -149,18 +150,22 @@ def test_pytorch_float16_penalty_and_critic_gradients_equal_float32(shape):
     # weights moved when DCGAN's generator, built first from the same seed, grew)
     assert relative_error(grads16, grads32) < 2e-2
     # Without the unscaling the penalty sees gradients `scale` times too large: far off (or inf).
-    broken, _ = torch_critic_step(critic, real, fake, eps, scale, unscale=False)
+    monkeypatch.setattr(wgan_gp_pytorch, "scale_on_device", lambda scaler, device: None)
+    broken, _ = torch_critic_step(critic, real, fake, eps, scale)
     assert not broken == pytest.approx(penalty32, rel=0.5)
 
 
 def keras_critic_step(critic, real, fake, eps, scale: float | None, unscale=True):
-    """The Keras twin of torch_critic_step: a LossScaleOptimizer at `scale`, or a plain one."""
+    """The Keras twin of torch_critic_step: a LossScaleOptimizer at `scale`, or a plain one.
+    unscale=False hands the penalty an optimizer that scales the loss but is no
+    LossScaleOptimizer, so it does not divide the scale back out: the bug to be caught."""
     optimizer = keras.optimizers.Adam()
     if scale is not None:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=scale)
         optimizer.build(critic.trainable_variables)  # scale_loss uses the live scale once built
     with tf.GradientTape() as tape:
-        penalty = wgan_gp_tensorflow.gradient_penalty(critic, real, fake, eps, optimizer, unscale=unscale)
+        penalty_optimizer = optimizer if unscale else types.SimpleNamespace(scale_loss=optimizer.scale_loss)
+        penalty = wgan_gp_tensorflow.gradient_penalty(critic, real, fake, eps, penalty_optimizer)
         loss = wgan_gp_tensorflow.critic_loss(critic(real, training=True), critic(fake, training=True), penalty,
                                               hparams.penalty_weight(real.shape[1:]))
         scaled_loss = optimizer.scale_loss(loss)

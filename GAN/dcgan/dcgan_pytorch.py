@@ -6,7 +6,8 @@
 
 G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU), each followed by
 a 3x3 convolution at its resolution -> tanh image.
-D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
+D: the mirror image, strided convolutions (batch norm on all but the first) and LeakyReLU, each
+followed by a 3x3 convolution -> one logit.
 The last layer of each runs in float32 under autocast; weights and images are stored
 channels_last (NHWC), the layout oneDNN's CPU kernels and CUDA's tensor cores run fastest.
 G's first and D's last layer, the convolutions from and to a 1x1 map, are

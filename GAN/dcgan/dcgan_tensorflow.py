@@ -6,12 +6,14 @@
 
 G: z as a 1x1 map -> transposed convolutions (stride 2, batch norm, ReLU), each followed by
 a 3x3 convolution at its resolution -> tanh image.
-D: the mirror image, strided convolutions with batch norm and LeakyReLU -> one logit.
+D: the mirror image, strided convolutions (batch norm on all but the first) and LeakyReLU, each
+followed by a 3x3 convolution -> one logit.
 The last layer of each is built with dtype="float32"; images stay NHWC, TensorFlow's native
-layout. Batch norm is common/tensorflow/layers.py's: TensorFlow's fused kernel, with the
-running variance moved as PyTorch moves it; so are G's first and D's last layer, the
-convolutions from and to a 1x1 map, computed there as the matmuls they are. Shapes below
-are (H x W x channels) for 28x28 MNIST at the default width.
+layout. Batch norm is common/tensorflow/layers.py's: TensorFlow's fused kernel where oneDNN
+or a GPU runs it (Keras' ops elsewhere), with the running variance moved as PyTorch moves
+it; so are G's first and D's last layer, the convolutions from and to a 1x1 map, computed
+there as the matmuls they are. Shapes below are (H x W x channels) for 28x28 MNIST at the
+default width.
 
 The training step, with its GradientTape, scale_loss and apply_gradients calls, is
 GAN/gan_step_tensorflow.py, shared with the other GANs. The PyTorch twin is dcgan_pytorch.py;

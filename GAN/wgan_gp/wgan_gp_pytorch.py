@@ -98,19 +98,18 @@ def build_networks(data_shape: tuple, width: int) -> dict[str, nn.Module]:
 
 
 # --- losses, in float32 ----------------------------------------------------------------------
-def gradient_penalty(critic: nn.Module, real, fake, eps, scaler: torch.amp.GradScaler, unscale=True):
+def gradient_penalty(critic: nn.Module, real, fake, eps, scaler: torch.amp.GradScaler):
     """E[(||grad critic(x_hat)|| - 1)^2], the norm per example over all pixels, in float32.
 
     Under float16 the critic's output is scaled before differentiating, as the loss will be,
     so small gradients do not underflow; the gradients are then divided by that scale, read on
-    the device (no host sync). With the scaler off (float32, bfloat16) nothing is scaled.
-    `unscale=False` leaves the scale in: a bug the tests prove they would catch."""
+    the device (no host sync). With the scaler off (float32, bfloat16) nothing is scaled."""
     x_hat = (eps * real + (1.0 - eps) * fake).detach().requires_grad_(True)
     scaled_scores = scaler.scale(critic(x_hat))  # unchanged when the scaler is off
     (gradients,) = torch.autograd.grad(scaled_scores, x_hat, grad_outputs=torch.ones_like(scaled_scores),
                                        create_graph=True)
     scale = scale_on_device(scaler, x_hat.device)  # after scale(): the scale it just used
-    if unscale and scale is not None:
+    if scale is not None:
         gradients = gradients / scale
     gradients = gradients.float().flatten(1)
     norm = torch.sqrt(gradients.square().sum(1) + hparams.NORM_EPSILON)
@@ -134,7 +133,8 @@ class WGANGP(GAN):
     batch_parts = hparams.CRITIC_STEPS  # under torchrun each critic batch is sharded on its own
 
     def __init__(self, generator: nn.Module, critic: nn.Module, cfg, runtime: Runtime, data):
-        super().__init__(generator, critic, critic_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
+        # No loss functions for GAN's step: train_step below calls critic_loss and generator_loss.
+        super().__init__(generator, critic, None, None, hparams.Z_DIM, cfg, runtime, data)
         self.critic, self.critic_optimizer = self.discriminator, self.d_optimizer
         self.parallel_critic = self.parallel_discriminator  # DDP under torchrun (GAN.__init__)
         self.penalty_weight = hparams.penalty_weight(data.sample_shape)  # lambda: 10 on images, 0.1 on points

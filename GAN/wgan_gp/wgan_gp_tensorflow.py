@@ -96,19 +96,18 @@ def build_networks(data_shape: tuple, width: int) -> dict[str, keras.Model]:
 
 
 # --- losses, in float32 ----------------------------------------------------------------------
-def gradient_penalty(critic: keras.Model, real, fake, eps, optimizer, unscale=True):
+def gradient_penalty(critic: keras.Model, real, fake, eps, optimizer):
     """E[(||grad critic(x_hat)|| - 1)^2], the norm per example over all pixels, in float32.
 
     Under float16 the critic's output is scaled by the critic's LossScaleOptimizer before
     differentiating, as the loss will be, so small gradients do not underflow; the gradients
-    are then divided by its current scale. A plain optimizer (float32, bfloat16) scales by 1.
-    `unscale=False` leaves the scale in: a bug the tests prove they would catch."""
+    are then divided by its current scale. A plain optimizer (float32, bfloat16) scales by 1."""
     x_hat = eps * real + (1.0 - eps) * fake
     with tf.GradientTape() as tape:
         tape.watch(x_hat)
         scaled_scores = optimizer.scale_loss(critic(x_hat, training=True))
     gradients = tf.cast(tape.gradient(scaled_scores, x_hat), tf.float32)
-    if unscale and isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         gradients = gradients / tf.cast(optimizer.dynamic_scale, tf.float32)
     gradients = tf.reshape(gradients, [tf.shape(gradients)[0], -1])
     norm = tf.sqrt(tf.reduce_sum(tf.square(gradients), axis=1) + hparams.NORM_EPSILON)
@@ -134,7 +133,8 @@ class WGANGP(GAN):
     batch_parts = hparams.CRITIC_STEPS  # under --distribute each critic batch is sharded on its own
 
     def __init__(self, generator: keras.Model, critic: keras.Model, cfg, runtime: Runtime, data):
-        super().__init__(generator, critic, critic_loss, generator_loss, hparams.Z_DIM, cfg, runtime, data)
+        # No loss functions for GAN's step: train_step below calls critic_loss and generator_loss.
+        super().__init__(generator, critic, None, None, hparams.Z_DIM, cfg, runtime, data)
         self.critic, self.critic_optimizer = self.discriminator, self.d_optimizer
         self.penalty_weight = hparams.penalty_weight(data.sample_shape)  # lambda: 10 on images, 0.1 on points
 
@@ -169,8 +169,8 @@ class WGANGP(GAN):
         if self.average:
             self.average.update(generator)
 
-        means = totals / hparams.CRITIC_STEPS  # over the critic steps
-        return {"d_loss": means[0], "g_loss": g_loss, "penalty": means[1], "wasserstein": means[2]}
+        d_loss, penalty, wasserstein = tf.unstack(totals / hparams.CRITIC_STEPS)  # means over the critic steps
+        return {"d_loss": d_loss, "g_loss": g_loss, "penalty": penalty, "wasserstein": wasserstein}
 
 
 @exit_on_user_error

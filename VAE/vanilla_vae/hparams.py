@@ -1,10 +1,11 @@
 """The vanilla VAE's hyperparameters: the one source both framework scripts read.
 
-Kingma & Welling's MNIST setting: one hidden layer of 400 (ReLU here) in the encoder and in
-the decoder, a 20-dimensional latent space, Adam 1e-3, batch 128. Change a value here and
+The PyTorch examples' VAE (pytorch/examples vae/main.py), after Kingma & Welling: one hidden
+layer of 400 ReLU units in the encoder and in the decoder, a 20-dimensional latent space, Adam
+1e-3, batch 128. (The paper's MNIST runs used 500 tanh units, Adagrad and batches of 100.) Change a value here and
 both twins change together.
 """
-HIDDEN = 400  # the width (--width): units of the encoder's and the decoder's hidden layer
+WIDTH = 400  # the width (--width): units of the encoder's and the decoder's hidden layer
 LATENT = 20
 
 # The decoder's outputs are Bernoulli probabilities, so the data are scaled to [0, 1].
@@ -17,7 +18,7 @@ RECONSTRUCTION_COUNT = 32
 
 # Defaults of the shared flags (common/config.py); the command line overrides them.
 DEFAULTS = dict(
-    width=HIDDEN,
+    width=WIDTH,
     iters=10000,
     batch_size=128,
     lr=1e-3,

@@ -125,7 +125,7 @@ class VAE:
     def train_step(self, x: torch.Tensor) -> dict:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             mean, logvar = self.parallel_encoder(x)
-            eps = self.replicas.randn(*mean.shape, device=mean.device)  # torch.randn in one process
+            eps = self.replicas.randn(mean.shape[0], hparams.LATENT, device=mean.device)  # torch.randn in one process
             z = reparameterize(mean, logvar, eps)
             logits = self.parallel_decoder(z)
         loss, recon, kl = vae_loss(x, logits, mean, logvar)

@@ -1,5 +1,6 @@
 """Mixed precision in PyTorch is two independent pieces, both used in the training steps
-(GAN/gan_step_pytorch.py, VAE/vanilla_vae/vae_pytorch.py) as the PyTorch docs write them:
+(GAN/gan_step_pytorch.py, GAN/wgan_gp/wgan_gp_pytorch.py, VAE/vanilla_vae/vae_pytorch.py) as
+the PyTorch docs write them:
 
 - `torch.autocast(device_type, dtype)` runs matmuls and convolutions in float16 or bfloat16
   while the weights stay float32;

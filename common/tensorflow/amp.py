@@ -1,6 +1,7 @@
 """Mixed precision in Keras 3 is a global dtype policy set before the models are built, and,
 for float16, a LossScaleOptimizer around each optimizer; both are used in the training steps
-(GAN/gan_step_tensorflow.py, VAE/vanilla_vae/vae_tensorflow.py) as the Keras docs write them:
+(GAN/gan_step_tensorflow.py, GAN/wgan_gp/wgan_gp_tensorflow.py,
+VAE/vanilla_vae/vae_tensorflow.py) as the Keras docs write them:
 
 - `mixed_float16` / `mixed_bfloat16` compute in 16 bits and keep float32 variables; layers
   built with `dtype="float32"` (output layers, VAE heads) stay in float32;
@@ -55,7 +56,7 @@ def scales_now(optimizers) -> list[tf.Tensor]:
     return [tf.identity(o.dynamic_scale) for o in optimizers if isinstance(o, keras.optimizers.LossScaleOptimizer)]
 
 
-def any_skipped(optimizers, scales_before: list[tf.Tensor]) -> tf.Tensor:
+def any_scale_went_down(optimizers, scales_before: list[tf.Tensor]) -> tf.Tensor:
     """1.0 when a scale went down since `scales_before`, on the device: a LossScaleOptimizer
     halves its scale on every update it skips, so this finds one skipped update among many in
     a training step (WGAN-GP's five critic updates) as PyTorch's scale_went_down does."""

@@ -81,7 +81,7 @@ class Session:
         scales = amp.scales_now(optimizers) if self.runtime.loss_scaling else None
         metrics = self.trainer.train_step(batch)
         if scales is not None:
-            metrics = {**metrics, "skipped": amp.any_skipped(optimizers, scales)}
+            metrics = {**metrics, "skipped": amp.any_scale_went_down(optimizers, scales)}
         return metrics
 
     def start(self, order: BatchOrder, start_step: int, stop_step: int):
