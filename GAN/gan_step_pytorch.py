@@ -25,14 +25,12 @@ import torch
 from torch import nn
 
 from common import sampling
+from common.config import MIXTURE_SAMPLES
 from common.pytorch.data import load_data, to_numpy_images
 from common.pytorch.ema import ExponentialMovingAverage
 from common.pytorch.optimizers import make_optimizer
 from common.pytorch.runtime import Runtime, setup
 from common.pytorch.session import fit
-
-SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
-GRID_IMAGES = 64
 
 
 class GAN:
@@ -106,7 +104,7 @@ class GAN:
     def write_samples(self, run, step: int):
         """A grid (or a scatter plot) from the run's fixed noise, the same in both frameworks."""
         if self._fixed_noise is None:
-            count = GRID_IMAGES if self.data.kind == "image" else SCATTER_POINTS
+            count = sampling.GRID_IMAGES if self.data.kind == "image" else MIXTURE_SAMPLES
             noise = sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed)
             self._fixed_noise = torch.from_numpy(noise).to(self.device)
         fake = self.generate(self._fixed_noise)
@@ -114,7 +112,7 @@ class GAN:
             sampling.save_image_grid(to_numpy_images(fake), run.sample_path(step))
         else:
             sampling.save_scatter(fake.cpu().numpy(), run.sample_path(step),
-                                  real=self.data.dataset.x[:SCATTER_POINTS], title=f"{self.title} step {step}")
+                                  real=self.data.dataset.x[:MIXTURE_SAMPLES], title=f"{self.title} step {step}")
 
 
 def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> dict:

@@ -28,14 +28,12 @@ import keras
 import tensorflow as tf
 
 from common import sampling
+from common.config import MIXTURE_SAMPLES
 from common.tensorflow.data import load_data
 from common.tensorflow.ema import ExponentialMovingAverage
 from common.tensorflow.optimizers import make_optimizer
 from common.tensorflow.runtime import Noise, Runtime, setup
 from common.tensorflow.session import fit
-
-SCATTER_POINTS = 2500  # the 2-D mixture protocol's sample count
-GRID_IMAGES = 64
 
 
 class GAN:
@@ -96,13 +94,13 @@ class GAN:
     def write_samples(self, run, step: int):
         """A grid (or a scatter plot) from the run's fixed noise, the same in both frameworks."""
         if self._fixed_noise is None:
-            count = GRID_IMAGES if self.data.kind == "image" else SCATTER_POINTS
+            count = sampling.GRID_IMAGES if self.data.kind == "image" else MIXTURE_SAMPLES
             self._fixed_noise = tf.constant(sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed))
         fake = self.generate(self._fixed_noise).numpy()
         if self.data.kind == "image":
             sampling.save_image_grid(fake, run.sample_path(step))
         else:
-            sampling.save_scatter(fake, run.sample_path(step), real=self.data.dataset.x[:SCATTER_POINTS],
+            sampling.save_scatter(fake, run.sample_path(step), real=self.data.dataset.x[:MIXTURE_SAMPLES],
                                   title=f"{self.title} step {step}")
 
 

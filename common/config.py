@@ -17,6 +17,7 @@ from common.errors import UsageError
 
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
 POINT_DATASETS = ("ring8", "grid25")
+MIXTURE_SAMPLES = 2500  # their scatter plots and scores, whatever --evaluate asks: the VEEGAN/PacGAN protocol's count
 ADAM_EPSILON = 1e-8  # PyTorch's default, set in both frameworks: Keras' is 1e-7
 
 # Dynamic loss scaling (float16 only), the same in both frameworks: start at 2**16, halve on

@@ -25,14 +25,13 @@ import numpy as np
 
 from common import data as datasets
 from common import feature_net, metrics, models
-from common.config import POINT_DATASETS, RESUME_KEYS
+from common.config import MIXTURE_SAMPLES, POINT_DATASETS, RESUME_KEYS
 from common.errors import UserError
 from common.runs import RunFolder, settings_as_today
 
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
 DRAW_STREAM = 2   # under EVAL_STREAM: --eval-draws' further draws (1 is the VAE bounds' noise)
 CHUNK = 1000      # examples per framework call
-MIXTURE_SAMPLES = 2500  # the VEEGAN/PacGAN protocol's sample count, whatever --evaluate asks
 MNIST_TEST_IMAGES = 10_000  # the most test images a measurement (and the floor's training images) can use
 
 

@@ -17,6 +17,7 @@ from common.data import npy_claims  # noqa: E402
 from common.errors import UserError  # noqa: E402
 
 NOISE_STREAM = 7  # keeps the fixed noise independent of other numpy streams drawn from --seed
+GRID_IMAGES = 64  # an 8x8 grid of images
 
 
 def noise_file_shape(path: Path) -> tuple:
