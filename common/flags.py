@@ -173,6 +173,10 @@ def output_problem(path: Path, folder: bool) -> str | None:
     if os.path.exists(path):
         if folder != os.path.isdir(path):
             return f"{path} is a {'file' if folder else 'folder'}, not a {'folder' if folder else 'file'}"
+    # A file is written beside its target and renamed over it, which would put a plain file
+    # where a link, a device (/dev/null) or a pipe stood: refuse those instead.
+    if not folder and (os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path))):
+        return f"{path} is {'a link' if os.path.islink(path) else 'not a regular file'}: name a plain file to write"
     # The nearest folder that exists is where the first file or folder will be created.
     start = path if folder else path.parent
     nearest = next(p for p in (start, *start.parents) if os.path.exists(p))

@@ -3,6 +3,7 @@ size that does not fit in memory) ends as one error line and a non-zero exit, no
 import errno
 import importlib
 import json
+import os
 import re
 
 import matplotlib.pyplot as plt
@@ -196,11 +197,18 @@ def test_out_of_memory_becomes_one_line(index, capsys):
     (["--seed", "4294967296"], "--seed: must be from 0"),
     (["--result-json", "{tmp}/afile/x.json"], "afile is a file"),
     (["--out", "{tmp}"], "is a folder, not a file"),
+    # renamed over, these would become plain files: /dev/null and /dev/stdout as a root user types them
+    (["--result-json", "{tmp}/fifo"], "fifo is not a regular file"),
+    (["--table-out", "{tmp}/link"], "link is a link"),
+    (["--out", "{tmp}/dangling"], "dangling is a link"),
 ])
 def test_feature_net_flags_are_checked_before_training(argv, message, tmp_path, capsys):
     from scripts import train_feature_net
 
     (tmp_path / "afile").write_text("")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "afile")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     argv = [arg.format(tmp=tmp_path) for arg in argv]
     assert message in one_line_exit(capsys, lambda: train_feature_net.main(argv), code=2)
 
