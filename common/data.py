@@ -310,7 +310,12 @@ def _read_idx_stream(stream, path: Path) -> np.ndarray:
         )
     if len(data) > expected:
         raise DataError(f"{path} holds more data than its header says ({declared}); it is corrupt, download it again")
-    return np.frombuffer(data, dtype).reshape(dims).astype(dtype.newbyteorder("="), copy=False)
+    try:
+        array = np.frombuffer(data, dtype).reshape(dims)
+    except ValueError:  # a 0 beside dimensions whose product passes numpy's index range
+        raise DataError(f"{path} declares {declared}, which no array can take; "
+                        "it is corrupt, download it again") from None
+    return array.astype(dtype.newbyteorder("="), copy=False)
 
 
 def _read_at_most(stream, limit: int) -> bytearray:
@@ -438,7 +443,9 @@ def npz_array(archive: NpzFile, key: str, path: Path) -> np.ndarray:
     info = archive.zip.getinfo(name)
     stored = min(info.compress_size, Path(path).stat().st_size)
     ratio = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: DEFLATE_MAX_RATIO}.get(info.compress_type)
-    size = info.file_size if ratio is None else min(info.file_size, stored * ratio)
+    if ratio is None:  # bzip2 or lzma: numpy never writes them, and their ratios have no useful bound
+        raise ValueError(f"{key} is compressed with zip method {info.compress_type}, not stored or deflated")
+    size = min(info.file_size, stored * ratio)
     with archive.zip.open(info) as member:
         shape, dtype, declared, held = npy_claims(member, size)
     if declared > held:

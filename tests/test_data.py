@@ -168,8 +168,11 @@ def test_read_idx_reads_no_more_of_a_gzip_bomb_than_the_header_declares(tmp_path
         (b"\0\0\x08\x00", "declares 0 dimensions"),
         (b"\0\0\x08\x05" + bytes(20), "declares 5 dimensions"),
         (b"\0\0", "not an IDX file"),
+        # no bytes to hold, so the size checks pass; numpy cannot shape it (it was a traceback)
+        (b"\0\0\x08\x03\0\0\0\0" + b"\xff" * 8, "declares 0x4294967295x4294967295 uint8 = 0 bytes of data, "
+                                                  "which no array can take"),
     ],
-    ids=["html", "type-byte", "zero-dims", "five-dims", "short"],
+    ids=["html", "type-byte", "zero-dims", "five-dims", "short", "empty-past-index-range"],
 )
 def test_read_idx_rejects_bad_headers(tmp_path, header, fragment):
     with data_error("weird-file", fragment):
@@ -315,6 +318,18 @@ def _write_npz_whose_index_lies(path: Path) -> None:
     path.write_bytes(bytes(content))
 
 
+def _write_npz_compressed_with_bzip2(path: Path) -> None:
+    """1,000,000 blank images in about a kilobyte: bzip2's ratio has no bound to check against."""
+    member = io.BytesIO()
+    np.save(member, np.zeros((10**6, 28, 28), np.uint8))
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(10**6, np.uint8))
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_BZIP2) as archive:
+        archive.writestr("x_test.npy", member.getvalue())
+        archive.writestr("y_test.npy", labels.getvalue())
+    assert path.stat().st_size < 10_000
+
+
 @pytest.mark.parametrize("source", ["idx", "npz"])
 def test_images_of_no_pixels_are_refused(tmp_path, source):
     """0 x 0 images pass the header and size checks, then failed in a network (a traceback)."""
@@ -339,8 +354,10 @@ def test_images_of_no_pixels_are_refused(tmp_path, source):
         (_write_npz_missing_test_split, "lacks the arrays x_test, y_test"),
         (_write_npz_with_object_array, "not a readable .npz archive"),
         (_write_npz_with_float_images, "expected uint8"),
+        (_write_npz_compressed_with_bzip2, "x_test is compressed with zip method 12, not stored or deflated"),
     ],
-    ids=["not-zip", "claims-petabytes", "truncated", "index-lies", "missing-keys", "object-array", "float-images"],
+    ids=["not-zip", "claims-petabytes", "truncated", "index-lies", "missing-keys", "object-array", "float-images",
+         "bzip2-bomb"],
 )
 def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
     write(tmp_path / "mnist.npz")
