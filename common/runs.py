@@ -27,6 +27,10 @@ from common.errors import CheckpointError, UsageError, UserError, first_line
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(pt|npz)$")
 KEEP_CHECKPOINTS = 2
+# What a run writes in its folder (the listing above, and the temporary files of atomic_write
+# and sampling.fixed_noise): what --overwrite deletes.
+RUN_ENTRY = re.compile(r"^(config\.json|history\.jsonl|summary\.json|fixed_noise\.npy|initial_weights\.npz"
+                       r"|samples|checkpoints|profile|events\.out\.tfevents\..*|fixed_noise\.npy\.tmp|\..+\.tmp-\d+)$")
 BATCH_STREAM = 11  # numpy stream for the batch order, apart from the fixed noise's
 
 
@@ -238,13 +242,19 @@ class RunFolder:
         return config
 
     def clear(self) -> None:
-        """Delete the run's files, keeping the folder itself (it may be a symlink to another
-        disk, which rmtree refuses)."""
-        for child in self.path.iterdir():
-            if child.is_dir() and not child.is_symlink():
+        """Delete what a run writes, keeping the folder itself (it may be a symlink to another
+        disk, which rmtree refuses) and anything else in it: --overwrite replaces a run, not
+        the data or notes a user keeps beside it."""
+        kept = []
+        for child in sorted(self.path.iterdir()):
+            if not RUN_ENTRY.match(child.name):
+                kept.append(child.name)
+            elif child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
                 child.unlink()
+        if kept:
+            print(f"--overwrite: kept {', '.join(kept)} in {self.path} (not written by a run)", flush=True)
 
     @classmethod
     def replica_view(cls, cfg: RunConfig, precision: str) -> "RunFolder":

@@ -63,9 +63,16 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
     run = tmp_path / "run"
     train(run)
     (run / "notes.txt").write_text("x")
+    (run / "mydata").mkdir()
+    (run / "mydata" / "train-images-idx3-ubyte").write_text("x")
+    (run / "samples" / "step_000099.png").write_text("x")
     refused(capsys, "already holds a run", run, code=2)
-    train(run, "--overwrite")  # a run is replaced, all of it
-    assert not (run / "notes.txt").exists() and (run / "config.json").exists()
+    capsys.readouterr()
+    train(run, "--overwrite", "--iters", "1")  # the run is replaced, all of it, and nothing else
+    assert "--overwrite: kept mydata, notes.txt in" in capsys.readouterr().out
+    assert (run / "notes.txt").read_text() == "x" and (run / "mydata" / "train-images-idx3-ubyte").exists()
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["step_000000.png", "step_000001.png"]
+    assert json.loads((run / "config.json").read_text())["iters"] == 1
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON past Python's recursion limit
