@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import cpu, flags, models
+from common import cpu, distributed, flags, models
 from common.errors import UsageError
 
 DATASET_CHOICES = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
@@ -32,6 +32,7 @@ SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale 
 # Upper bounds of the flags that size memory, so that a typo (an extra zero) ends in a message
 # instead of an allocation of hundreds of GiB. Past them nothing fits a single machine anyway.
 MAX_WIDTH = 4096          # about 10x the largest default (the VAE's 400)
+MAX_REPLICAS = 64          # --replicas: 8 GPUs to a machine; logical CPU devices past that only queue
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 # FID-50k, the most GAN papers report; precision and recall's nearest neighbours cost the square
 # of it (44 s at 50,000 on 2 cores; 1,000,000 would take hours)
@@ -194,7 +195,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     parallel.add_argument("--distribute", choices=("mirrored", "multi-worker"),
                           help="TensorFlow: MirroredStrategy (the local GPUs, or --replicas N logical "
                                "CPUs), or MultiWorkerMirroredStrategy (the cluster in TF_CONFIG)")
-    parallel.add_argument("--replicas", type=flags.positive_int,
+    parallel.add_argument("--replicas", type=flags.int_in(1, MAX_REPLICAS),
                           help="TensorFlow --distribute mirrored: N replicas (on a CPU, N logical "
                                "devices; on GPUs, the first N; default: every GPU)")
     parallel.add_argument("--sync-bn", action="store_true",
@@ -289,6 +290,8 @@ def validate(cfg: RunConfig) -> None:
     if cfg.replicas and cfg.distribute != "mirrored":
         raise UsageError("--replicas N goes with --distribute mirrored (multi-worker: one replica per "
                          "worker's device, the workers listed in TF_CONFIG)")
+    if cfg.replicas:  # now, not after N devices and their networks are built (fit checks the rest)
+        distributed.check_batch(cfg.batch_size, cfg.replicas)
     if cfg.sync_bn and cfg.framework == "tensorflow" and not cfg.distribute:
         raise UsageError("--sync-bn synchronises batch norm across replicas: add --distribute")
     if cfg.xla and cfg.distribute:

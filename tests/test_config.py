@@ -54,6 +54,7 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--out", ""], "--out: must name a path, got an empty or blank string"),
     (["--init-from", " "], "--init-from: must name a path"),
     (["--data-dir", ""], "--data-dir: must name a path"),
+    (["--replicas", "1000"], "--replicas: must be from 1 to 64, got 1000"),  # ran for minutes building them
 ])
 def test_invalid_flag_values_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
