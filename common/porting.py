@@ -119,6 +119,13 @@ def start_from(source: str, model: str, modules: dict, import_into, sample_shape
     networks, meta = load_weights(path)
     if not isinstance(meta, dict):
         raise CheckpointError(f"--init-from {path} has no valid meta (a JSON {type(meta).__name__})")
+    # The model first: another model's weights fail every later check too, and those would
+    # name the data or a layer, not the cause. Some fit (the vanilla GAN and LSGAN's networks
+    # have the same shapes) and would train as the wrong model's start.
+    if meta.get("model") != model:
+        raise CheckpointError(f"--init-from {path} holds weights of model {meta.get('model')!r}, "
+                              f"this run is {model!r}: start from a run of the same model "
+                              "(either framework)")
     if set(networks) != set(modules):
         raise CheckpointError(f"--init-from {path} holds {', '.join(sorted(networks))}; "
                               f"this model has {', '.join(sorted(modules))}")
@@ -134,10 +141,4 @@ def start_from(source: str, model: str, modules: dict, import_into, sample_shape
         except ValueError as error:
             raise CheckpointError(f"--init-from {path} does not fit this model's {name}: "
                                   f"{error}") from None
-    # Another model's networks can have the same shapes (the vanilla GAN and LSGAN), and load:
-    # they would train as the wrong model's start. (Networks that do not fit say so above.)
-    if meta.get("model") != model:
-        raise CheckpointError(f"--init-from {path} holds weights of model {meta.get('model')!r}, "
-                              f"this run is {model!r}: start from a run of the same model "
-                              "(either framework)")
     return path

@@ -71,11 +71,11 @@ def test_init_from_refuses_what_does_not_fit(tmp_path, capsys):
     refused("not a readable weights file", "--init-from", str(tmp_path / "junk.npz"))
     refused("data shaped (28, 28, 1), this run's data is (2,)",
             "--init-from", str(tmp_path / "gan"), "--dataset", "ring8")
-    with pytest.raises(SystemExit) as exit_info:  # DCGAN's networks are not the MLPs'
+    with pytest.raises(SystemExit) as exit_info:  # the model named, not a layer that does not fit
         dcgan_tensorflow.main(["--out", str(tmp_path / "dcgan"), *TINY, "--iters", "1",
                                "--init-from", str(tmp_path / "gan")])
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 1 and "does not fit this model's" in err, err
+    assert exit_info.value.code == 1 and "holds weights of model 'vanilla_gan', this run is 'dcgan'" in err, err
 
 
 def test_init_from_a_malformed_or_big_endian_rgb_weights_file_agrees_in_both_twins(tmp_path, capsys):
