@@ -55,7 +55,8 @@ class Checkpoints:
                       if (value := variable.numpy()).dtype.kind == "f" and not np.isfinite(value).all()), None)
         scales = [(name, float(o.dynamic_scale.numpy())) for name, o in self.trainer.optimizers.items()
                   if isinstance(o, keras.optimizers.LossScaleOptimizer)]
-        return found or next((f"optimizer/{name}: the loss scale" for name, scale in scales if not 0 < scale < np.inf), None)
+        return found or next((f"optimizer/{name}: the loss scale" for name, scale in scales
+                              if not 0 < scale < np.inf), None)
 
     def restore(self, path: Path) -> dict:
         """Load every piece of the state; returns the meta (step, skipped_total, model)."""
