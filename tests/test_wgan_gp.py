@@ -1,8 +1,9 @@
 """WGAN-GP: the gradient penalty on hand values, the penalty and the critic's gradients under
 float16 with loss scaling equal to float32's (and would not without the unscaling), the loss
-scale holding over a float16 run, five critic updates per generator update, the batch-size
-rule, and the twins' MLPs computing the same function (the image networks are in
-tests/test_porting.py with every model)."""
+scale holding over a float16 run, an iteration counted as skipped when any of its six updates
+was, five critic updates per generator update, the batch-size rule, and the twins' MLPs
+computing the same function (the image networks are in tests/test_porting.py with every
+model)."""
 import json
 import math
 import types
@@ -356,3 +357,64 @@ def test_one_skipped_critic_update_among_five_counts_the_iteration_as_skipped_in
         assert float(wgan.d_optimizer.dynamic_scale) == scale_before / 2 and skipped == 1.0
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def updates_applied(framework, wgan) -> tuple[int, int]:
+    """The critic's and G's optimizer steps applied so far: PyTorch Adam's per-parameter
+    'step' (0 before its first), Keras' `iterations` (which counts applied steps only)."""
+    if framework == "pytorch":
+        return tuple(max([int(state["step"]) for state in optimizer.state.values()], default=0)
+                     for optimizer in (wgan.critic_optimizer, wgan.g_optimizer))
+    return int(wgan.critic_optimizer.iterations), int(wgan.g_optimizer.iterations)
+
+
+def loss_scales(framework, wgan, runtime) -> list[float]:
+    if framework == "pytorch":
+        return [runtime.scaler.get_scale()]
+    return [float(optimizer.dynamic_scale) for optimizer in (wgan.critic_optimizer, wgan.g_optimizer)]
+
+
+@pytest.mark.parametrize("framework", SCRIPTS)
+def test_an_iteration_counts_as_skipped_when_any_of_its_six_updates_was_skipped(framework):
+    """float16 at --growth-interval 1: every clean update doubles the scale and every overflow
+    halves it. From 2**8 the first iterations are clean; then the scale reaches float16's
+    overflow and an iteration's updates grow and back it off by turns. The session's `skipped`
+    (what history.jsonl and summary.json count) must say, iteration by iteration, whether the
+    optimizers applied fewer than 5 critic steps or no G step, read from their step counters.
+    Comparing the scale before and after the whole iteration missed the iterations where the
+    growths made up for the backoffs (all but the first in this run)."""
+    from common.config import parse_args
+
+    if framework == "pytorch":
+        from common.pytorch.data import load_data
+        from common.pytorch.runtime import setup
+        from common.pytorch.session import Session
+    else:
+        from common.tensorflow.data import load_data
+        from common.tensorflow.runtime import setup
+        from common.tensorflow.session import Session
+    script, iterations = SCRIPTS[framework], 10
+    cfg = parse_args("wgan_gp", framework, ["--dataset", "ring8", "--data-limit", "64", "--batch-size", "20",
+                                            "--width", "4", "--amp", "--amp-dtype", "float16",
+                                            "--growth-interval", "1", "--init-scale", "256"])
+    runtime = setup(cfg, log=lambda *_: None)
+    try:
+        data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+        networks = script.build_networks(data.sample_shape, cfg.width)
+        wgan = script.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
+        session = Session(wgan, data, runtime)
+        indices = session.upload_indices(np.arange(20))
+        reported, expected, cancelled = [], [], 0
+        for _ in range(iterations):
+            (critic_before, g_before), scales_before = updates_applied(framework, wgan), loss_scales(
+                framework, wgan, runtime)
+            reported.append(float(session.train_step(indices)["skipped"]))  # the loop's step (tf.function)
+            critic_after, g_after = updates_applied(framework, wgan)
+            expected.append(float(critic_after - critic_before < hparams.CRITIC_STEPS or g_after - g_before < 1))
+            went_down = any(a < b for a, b in zip(loss_scales(framework, wgan, runtime), scales_before))
+            cancelled += expected[-1] == 1.0 and not went_down
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert 0 < sum(expected) < iterations  # clean iterations and skipped ones
+    assert cancelled > 0, "no skip was made up for by a growth in its iteration: this no longer tests it"
+    assert reported == expected

@@ -33,7 +33,7 @@ from torch import nn
 
 from common.config import parse_args
 from common.errors import exit_on_user_error
-from common.pytorch.amp import FullPrecision, scale_on_device
+from common.pytorch.amp import FullPrecision, SkippedUpdates, scale_on_device
 from common.pytorch.data import load_data
 from common.pytorch.layers import Conv2d, init_like_keras_dense
 from common.pytorch.runtime import Runtime, setup
@@ -143,6 +143,9 @@ class WGANGP(GAN):
         device, autocast_on = real.device, self.amp_dtype is not None
         eps_shape = (1,) * (real.dim() - 1)  # one eps per example, broadcast over its pixels
         totals = torch.zeros(3, device=device)  # critic loss, penalty, Wasserstein estimate
+        # Under float16, whether any of the 6 updates was skipped (the scale is compared around
+        # each update(): over the whole iteration a growth and a backoff would cancel out).
+        skips = SkippedUpdates(self.scaler, device)
         for real_part in torch.chunk(real, hparams.CRITIC_STEPS):
             count = real_part.shape[0]
             # torch.randn and torch.rand in one process; under torchrun this replica's share
@@ -165,6 +168,7 @@ class WGANGP(GAN):
             # before update()), and after an overflow the next critic step must run at the
             # halved scale. So the scale's growth interval counts 6 updates per iteration.
             self.scaler.update()
+            skips.after_update()
             wasserstein = real_scores.detach().float().mean() - fake_scores.detach().float().mean()
             totals += torch.stack([c_loss.detach(), penalty.detach(), wasserstein])
 
@@ -184,9 +188,11 @@ class WGANGP(GAN):
         if self.average:
             self.average.update(self.generator)
         self.scaler.update()
+        skips.after_update()
 
         d_loss, penalty, wasserstein = totals / hparams.CRITIC_STEPS  # means over the critic steps
-        return {"d_loss": d_loss, "g_loss": g_loss.detach(), "penalty": penalty, "wasserstein": wasserstein}
+        return {"d_loss": d_loss, "g_loss": g_loss.detach(), "penalty": penalty, "wasserstein": wasserstein,
+                **skips.metrics()}  # "skipped" under float16
 
 
 @exit_on_user_error

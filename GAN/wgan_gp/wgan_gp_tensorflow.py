@@ -40,6 +40,7 @@ from keras import layers
 
 from common.config import parse_args
 from common.errors import exit_on_user_error
+from common.tensorflow.amp import SkippedUpdates
 from common.tensorflow.data import load_data
 from common.tensorflow.layers import DENSE_INIT, Conv2D
 from common.tensorflow.runtime import Runtime, setup
@@ -143,6 +144,9 @@ class WGANGP(GAN):
         c_variables, g_variables = critic.trainable_variables, generator.trainable_variables
         eps_shape = (1,) * (len(real.shape) - 1)  # one eps per example, broadcast over its pixels
         totals = tf.zeros(3)  # critic loss, penalty, Wasserstein estimate
+        # Under float16, whether any of the 6 updates was skipped (the scales are compared around
+        # each update: over the iteration the critic's doubling and halving would cancel out).
+        skips = SkippedUpdates([self.critic_optimizer, self.g_optimizer])
         for real_part in tf.split(real, hparams.CRITIC_STEPS):  # unrolled by tf.function
             count = tf.shape(real_part)[0]
             z = self.replicas.normal(self.noise, count, self.z_dim)  # noise.normal in one process
@@ -155,6 +159,7 @@ class WGANGP(GAN):
                 scaled_c_loss = self.critic_optimizer.scale_loss(self.replicas.share(c_loss))
             c_gradients = critic_tape.gradient(scaled_c_loss, c_variables)
             self.critic_optimizer.apply_gradients(zip(c_gradients, c_variables))  # unscales; skips on inf/NaN
+            skips.after_update()
             wasserstein = (tf.reduce_mean(tf.cast(real_scores, tf.float32))
                            - tf.reduce_mean(tf.cast(fake_scores, tf.float32)))
             totals += tf.stack([c_loss, penalty, wasserstein])
@@ -166,11 +171,13 @@ class WGANGP(GAN):
             scaled_g_loss = self.g_optimizer.scale_loss(self.replicas.share(g_loss))
         g_gradients = g_tape.gradient(scaled_g_loss, g_variables)
         self.g_optimizer.apply_gradients(zip(g_gradients, g_variables))
+        skips.after_update()
         if self.average:
             self.average.update(generator)
 
         d_loss, penalty, wasserstein = tf.unstack(totals / hparams.CRITIC_STEPS)  # means over the critic steps
-        return {"d_loss": d_loss, "g_loss": g_loss, "penalty": penalty, "wasserstein": wasserstein}
+        return {"d_loss": d_loss, "g_loss": g_loss, "penalty": penalty, "wasserstein": wasserstein,
+                **skips.metrics()}  # "skipped" under float16
 
 
 @exit_on_user_error

@@ -11,7 +11,8 @@ the PyTorch docs write them:
   range and needs no scaling: the scaler is enabled for float16 only (disabled, its calls
   pass the loss and the step through unchanged).
 
-This module builds the scaler, keeps chosen layers in float32, and reads the scale on the device.
+This module builds the scaler, keeps chosen layers in float32, reads the scale on the device,
+and tells whether a step's updates were skipped.
 """
 from __future__ import annotations
 
@@ -56,8 +57,34 @@ def scale_on_device(scaler: torch.amp.GradScaler, device: torch.device) -> torch
 
 def scale_went_down(scaler: torch.amp.GradScaler, scale_before: torch.Tensor) -> torch.Tensor:
     """1.0 (a device tensor, no sync) when update() has backed the scale off since
-    `scale_before`, which it does after any optimizer step it skipped."""
+    `scale_before`, which it does after an optimizer step it skipped. Exact across one
+    update() only: over several, a growth (the growth interval reached) and a backoff cancel
+    out, so a step of several updates uses SkippedUpdates."""
     return (scaler._scale < scale_before).float()
+
+
+class SkippedUpdates:
+    """Whether any of a training step's several optimizer updates was skipped, as a device
+    tensor (no host sync): WGAN-GP's 5 critic updates and 1 generator update share one
+    GradScaler, whose scale may grow at one update of an iteration and back off at another.
+    Comparing the scale before and after the whole step would then miss the skip, so the scale
+    is compared around each update: call `after_update()` after every `scaler.update()`, and
+    return `metrics()` with the step's metrics (the session counts its "skipped")."""
+
+    def __init__(self, scaler: torch.amp.GradScaler, device: torch.device):
+        self.scaler = scaler
+        self.scale = scale_on_device(scaler, device)  # None when the scaler is off
+        self.flag = None if self.scale is None else torch.zeros((), device=device)
+
+    def after_update(self):
+        if self.scale is None:
+            return
+        self.flag = torch.maximum(self.flag, scale_went_down(self.scaler, self.scale))
+        self.scale = self.scaler._scale.clone()  # update() changes the scale in place
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """{"skipped": 1.0 when an update was skipped, else 0.0}; {} when the scaler is off."""
+        return {} if self.flag is None else {"skipped": self.flag}
 
 
 def loss_scale(scaler: torch.amp.GradScaler) -> float:

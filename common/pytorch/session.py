@@ -70,10 +70,12 @@ class Session:
             return self.train_on(self.data.batch(self._local(indices)))
 
     def train_on(self, batch: torch.Tensor) -> dict:
-        """The model's training step on a batch, plus "skipped" under float16."""
+        """The model's training step on a batch, plus "skipped" under float16: the step's own
+        flag where it reports one (WGAN-GP, whose several updates amp.SkippedUpdates
+        watches), else whether the scale went down over the step, exact for one update()."""
         scale_before = amp.scale_on_device(self.runtime.scaler, self.runtime.device)
         metrics = self.trainer.train_step(batch)
-        if scale_before is not None:  # update() backs the scale off after a step it skipped
+        if scale_before is not None and "skipped" not in metrics:  # update() backs off after a skip
             metrics = {**metrics, "skipped": amp.scale_went_down(self.runtime.scaler, scale_before)}
         return metrics
 

@@ -15,7 +15,8 @@ Under --distribute every replica must take the same branch, as PyTorch's replica
 sums the gradients before GradScaler looks at them): `LossScaleOptimizer` below makes the
 replicas agree on whether the step's gradients are finite.
 
-This module names the policies, wraps an optimizer for loss scaling, and reads the scales.
+This module names the policies, wraps an optimizer for loss scaling, reads the scales, and
+tells whether a step's updates were skipped.
 """
 from __future__ import annotations
 
@@ -58,11 +59,35 @@ def scales_now(optimizers) -> list[tf.Tensor]:
 
 def any_scale_went_down(optimizers, scales_before: list[tf.Tensor]) -> tf.Tensor:
     """1.0 when a scale went down since `scales_before`, on the device: a LossScaleOptimizer
-    halves its scale on every update it skips, so this finds one skipped update among many in
-    a training step (WGAN-GP's five critic updates) as PyTorch's scale_went_down does."""
+    halves its scale on an update it skips, as PyTorch's scale_went_down. Exact when each
+    optimizer updated once since: over several updates of one optimizer a doubling (its growth
+    steps reached) and a halving cancel out, so a step of several updates uses SkippedUpdates."""
     scaled = [o for o in optimizers if isinstance(o, keras.optimizers.LossScaleOptimizer)]
     went_down = [tf.less(o.dynamic_scale, before) for o, before in zip(scaled, scales_before)]
-    return tf.cast(tf.reduce_any(tf.stack(went_down)), tf.float32)
+    return tf.cast(tf.reduce_any(tf.stack(went_down)), tf.float32) if went_down else tf.constant(0.0)
+
+
+class SkippedUpdates:
+    """Whether any of a training step's several optimizer updates was skipped, on the device
+    (inside tf.function, on every replica alike): WGAN-GP's critic LossScaleOptimizer updates 5
+    times per iteration and may double its scale at one update and halve it at another, which
+    a comparison over the whole step would miss. The scales are compared around each update:
+    call `after_update()` after every `apply_gradients`, and return `metrics()` with the step's
+    metrics (the session counts its "skipped"). Plain optimizers (float32, bfloat16): {}."""
+
+    def __init__(self, optimizers):
+        self.optimizers = [o for o in optimizers if isinstance(o, keras.optimizers.LossScaleOptimizer)]
+        self.scales = scales_now(self.optimizers)
+        self.flag = tf.constant(0.0)
+
+    def after_update(self):
+        if self.optimizers:
+            self.flag = tf.maximum(self.flag, any_scale_went_down(self.optimizers, self.scales))
+            self.scales = scales_now(self.optimizers)
+
+    def metrics(self) -> dict[str, tf.Tensor]:
+        """{"skipped": 1.0 when an update was skipped, else 0.0}; {} when nothing is scaled."""
+        return {"skipped": self.flag} if self.optimizers else {}
 
 
 def loss_scale(optimizers) -> float:

@@ -75,12 +75,14 @@ class Session:
         return self.train_on(self.replicas.shard(batch, self.batch_parts))
 
     def train_on(self, batch) -> dict:
-        """The model's training step on a batch, plus "skipped" under float16 (what tf.function
-        compiles; called directly, it runs eagerly)."""
+        """The model's training step on a batch, plus "skipped" under float16: the step's own
+        flag where it reports one (WGAN-GP, whose several updates amp.SkippedUpdates watches),
+        else whether a scale went down over the step, exact for one update per optimizer
+        (what tf.function compiles; called directly, it runs eagerly)."""
         optimizers = list(self.trainer.optimizers.values())
         scales = amp.scales_now(optimizers) if self.runtime.loss_scaling else None
         metrics = self.trainer.train_step(batch)
-        if scales is not None:
+        if scales is not None and "skipped" not in metrics:
             metrics = {**metrics, "skipped": amp.any_scale_went_down(optimizers, scales)}
         return metrics
 
