@@ -51,9 +51,18 @@ def in_chunks(function, array: np.ndarray) -> np.ndarray:
     return np.concatenate([function(array[i:i + CHUNK]) for i in range(0, len(array), CHUNK)])
 
 
-def measures_images(cfg) -> bool:
-    """The feature net knows 28x28 MNIST digits only."""
-    return cfg.dataset == "mnist" and cfg.image_size in (None, 28)
+def measures_images(dataset: str, sample_shape: tuple) -> bool:
+    """The feature net knows 28x28 grayscale MNIST digits only. Decided from the shape of the
+    samples, not from the flags: MNIST-format files under --data-dir may hold other sizes."""
+    return dataset == "mnist" and tuple(sample_shape) == feature_net.IMAGE_SHAPE
+
+
+def figure(value) -> str:
+    """A metric as printed: counts (samples, classes_covered, modes_covered) whole, not 1e+04;
+    the rest to 4 significant digits."""
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return str(int(value))
+    return f"{value:.4g}"
 
 
 def mnist_subset(split: str, count: int) -> np.ndarray:
@@ -133,8 +142,9 @@ def evaluate(cfg, trainer, log=print) -> dict:
         pool = count if cfg.dataset == "folder" else MNIST_TEST_IMAGES
         test = random_subset(datasets.fixed_test_images(cfg, pool), count)
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
-    shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items() if k != "samples")
-    log(f"evaluation ({count} samples): {shown}")
+    shown = ", ".join(f"{k} {figure(v)}" for k, v in results.items() if k != "samples")
+    if shown:  # none where no sample metric applies (said above)
+        log(f"evaluation ({count} samples): {shown}")
     if cfg.eval_draws > 1 and first:
         draws = [first, *(sample_metrics(cfg, trainer, count, draw, log) for draw in range(1, cfg.eval_draws))]
         if not any("finite_samples" in figures for figures in draws):
@@ -151,11 +161,12 @@ def sample_metrics(cfg, trainer, count: int, draw: int, log) -> dict:
         return {"finite_samples": 0.0}
     if cfg.dataset in POINT_DATASETS:
         return point_metrics(samples, cfg.dataset)
-    if measures_images(cfg):
+    if measures_images(cfg.dataset, samples.shape[1:]):
         return image_metrics(samples)
     if draw == 0:
-        log(f"evaluation: no sample metric for --dataset {cfg.dataset} at this size "
-            "(the feature net knows 28x28 MNIST)")
+        size = "x".join(map(str, samples.shape[1:]))
+        log(f"evaluation: no sample metric for --dataset {cfg.dataset} of {size} images "
+            "(the feature net knows 28x28x1 MNIST)")
     return {}
 
 
@@ -220,7 +231,7 @@ def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1)
         raise UserError(f"{folder}: not a run of this repository (model {config.get('model')!r}, "
                         f"framework {config.get('framework')!r})")
     command = [sys.executable, str(models.MODELS[config["model"]].script(config["framework"])),
-               *rerun_flags(config, summary["step"]), "--out", str(folder), "--resume",
+               *rerun_flags(config, summary["step"]), f"--out={folder}", "--resume",
                "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else []),
                *(["--eval-draws", str(draws)] if draws > 1 else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)

@@ -25,6 +25,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def first_paragraph(docstring: str) -> str:
+    """A script's --help description: its docstring's first paragraph, as one line."""
+    return " ".join(docstring.split("\n\n")[0].split())
+
+
 def integer(text: str) -> int:
     try:
         return int(text)

@@ -111,7 +111,8 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     environment = dict(os.environ)
     if args.replicas:  # in both rows: PyTorch one thread per process (torchrun's default), TensorFlow per op
         environment.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1")
-    command = [*launcher, str(models.MODELS[model].script(framework)), "--out", str(folder), "--overwrite",
+    # absolute: a folder that starts with "-" (--out ./-b) would be read as a flag
+    command = [*launcher, str(models.MODELS[model].script(framework)), "--out", os.path.abspath(folder), "--overwrite",
                "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
                "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
                "--workers", str(workers), *distribute, *args.flags]
@@ -154,7 +155,7 @@ def markdown(rows: list[dict], machine: dict) -> str:
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0],
+    parser = flags.OneLineErrorParser(description=flags.first_paragraph(__doc__),
                                       epilog="Other flags (--batch-size, --device, --dataset, ...) "
                                              "go to every configuration.")
     parser.add_argument("--models", nargs="+", choices=models.NAMES, default=list(models.MODELS))

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import cpu, models, quiet
 from common.errors import UsageError, exit_on_user_error
-from common.flags import OneLineErrorParser
+from common.flags import OneLineErrorParser, first_paragraph
 
 SECOND_WEIGHT = 0.333984375  # 1/3 to bfloat16's precision: exact in bfloat16, so only the sum is rounded
 
@@ -230,7 +230,7 @@ def table(rows: list[dict]) -> str:
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=first_paragraph(__doc__))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--count", type=int, default=200_000, help="sums per op (at least 1,000)")
     parser.add_argument("--batch", type=int, default=64, help="the layers' batch (the models' default: 64)")

@@ -23,11 +23,15 @@ same fixed noise at matching steps), losses.png (overlaid loss curves, plus the 
 under float16), table.md / table.json (median step time, samples/s, peak memory, skipped
 steps, final losses, and quality metrics once a run has them) and report.md with all of it.
 Each run also wrote TensorBoard events into its folder: `tensorboard --logdir <runs>/<model>`
-overlays them (the last line printed says so).
+overlays them (the last line printed says so, naming the tensorboard beside this Python, as
+.venv/bin/tensorboard, when none is on the PATH).
 """
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,10 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error
-from common.flags import OneLineErrorParser, output_folder
+from common.flags import OneLineErrorParser, first_paragraph, output_folder
 from common.runs import RunFolder, read_json, settings_as_today
 
-OWN_FLAGS = ("--out", "--resume", "--overwrite", "--init-from")  # compare sets these itself
+# compare sets these itself; each with what to use instead
+OWN_FLAGS = {"--out": "use --runs, --reuse or --overwrite", "--resume": "use --runs, --reuse or --overwrite",
+             "--overwrite": "use --runs, --reuse or --overwrite",
+             "--init-from": "use --same-init (TensorFlow starts from PyTorch's initial weights)"}
 # what a run's results depend on: the settings --resume keeps, and those a run may change
 # between pauses that shape its training (clipping, loss scaling) or its step time (compilers);
 # "precision" is the dtype that ran, so --amp-dtype auto and bfloat16 on a CPU are one run
@@ -74,9 +81,10 @@ class Plan:
         self.label = f"{framework} {self.precision}"
 
     def command(self, extra: list[str]) -> list[str]:
-        init = ["--init-from", str(self.init_from)] if self.init_from else []
+        # --flag=PATH: a folder that starts with "-" (--runs ./-r) is the flag's value, not a flag
+        init = [f"--init-from={self.init_from}"] if self.init_from else []
         return [sys.executable, str(self.model.script(self.framework)), *self.flags,
-                "--out", str(self.folder), *init, *extra]
+                f"--out={self.folder}", *init, *extra]
 
     def expected(self) -> dict:
         return {**json.loads(self.config.to_json()), "precision": self.precision,
@@ -126,7 +134,7 @@ def train(plan: Plan, extra: list[str]) -> None:
 
 def parse(argv):
     parser = OneLineErrorParser(
-        description=__doc__.splitlines()[0],
+        description=first_paragraph(__doc__),
         epilog="Any other flag (--iters, --batch-size, --lr, --seed, --dataset, --data-dir, "
                "--sample-every, ...) goes to both runs unchanged.")
     parser.add_argument("--model", required=True, choices=models.NAMES)
@@ -150,8 +158,8 @@ def parse(argv):
         # argparse takes a prefix for the whole flag (--ou for --out), in the scripts as here
         own = [full for full in OWN_FLAGS if len(name) > 2 and name.startswith("--") and full.startswith(name)]
         if own:
-            raise UsageError(f"{name} ({own[0]}) is set by compare.py itself; use --runs, "
-                             "--reuse or --overwrite")
+            typed = f" (typed {name})" if name != own[0] else ""
+            raise UsageError(f"{own[0]}{typed} is set by compare.py itself; {OWN_FLAGS[own[0]]}")
     if args.reuse and args.overwrite:
         raise UsageError("--reuse and --overwrite contradict each other: pick one")
     if args.fp32_vs_amp and (args.amp or args.same_init):
@@ -161,6 +169,27 @@ def parse(argv):
                          "--fp32-vs-amp FRAMEWORK")
     args.model = models.get(args.model).key
     return args, flags
+
+
+def shell_word(path: Path | str) -> str:
+    """`path` as a word to paste into a shell: quoted where needed, "./" before a leading "-"."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
+
+
+def tensorboard_command(logdir: Path) -> str:
+    """The command that opens TensorBoard on `logdir`: `tensorboard` when it is on the PATH, else
+    the one installed beside this Python (after `make demo`, .venv/bin/tensorboard, which is on
+    no PATH until the virtual environment is activated), relative to the working folder when
+    it lies under it."""
+    program = "tensorboard"
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "tensorboard")
+    if shutil.which("tensorboard") is None and os.path.isfile(beside):
+        here = os.path.abspath(os.getcwd())
+        program = os.path.relpath(beside, here) if beside.startswith(here + os.sep) else beside
+        if os.sep not in program:  # a shell looks for a bare name on the PATH alone
+            program = os.path.join(".", program)
+    return f"{shell_word(program)} --logdir {shell_word(logdir)}"
 
 
 @exit_on_user_error
@@ -200,7 +229,7 @@ def main(argv=None) -> int:
     written = report.write_report(sides, folder, title, command)
     print(report.markdown_table(written["rows"]))
     print(f"compare: report in {folder} (report.md, samples.png, losses.png, table.md, table.json)")
-    print(f"compare: both runs in TensorBoard, over the model's other runs: tensorboard --logdir {runs / args.model}")
+    print(f"compare: both runs in TensorBoard, over the model's other runs: {tensorboard_command(runs / args.model)}")
     return 0
 
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import cpu, models, quiet
 from common.errors import UsageError, exit_on_user_error
-from common.flags import OneLineErrorParser
+from common.flags import OneLineErrorParser, first_paragraph
 
 BATCH, IMAGE = 64, 28
 
@@ -116,7 +116,7 @@ def tensorflow_steps(width: int, amp: bool):
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=first_paragraph(__doc__))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--amp", action="store_true", help="bfloat16 autocast / mixed_bfloat16 policy")
     parser.add_argument("--calls", type=int, default=100, help="timed calls of each (at least 1)")

@@ -33,7 +33,7 @@ from common.errors import UsageError, exit_on_user_error
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser = flags.OneLineErrorParser(description=flags.first_paragraph(__doc__))
     parser.add_argument("runs", nargs="*", type=flags.path, help="run folders")
     parser.add_argument("--samples", type=flags.int_in(MIN_EVALUATE, MAX_EVALUATE), default=10_000,
                         help="generated samples per run")
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     for folder in args.runs:
         results = evaluation.evaluate_run(folder, args.samples, args.iwae_k, args.draws)
         draws = results.pop("draws", None)
-        print(f"{folder}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
+        print(f"{folder}: " + ", ".join(f"{k} {evaluation.figure(v)}" for k, v in results.items()))
         if draws:
             print(f"{folder}, mean (range) over {args.draws} draws: {evaluation.describe_draws(draws)}")
         elif args.draws > 1:
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     if args.floor or measured_images:  # every FID is read against the floor at its sample count
         floor = evaluation.real_data_floor(args.samples)
         print(f"real-data floor, {floor['samples']} MNIST training images vs as many test images: "
-              + ", ".join(f"{k} {v:.4g}" for k, v in floor.items() if k != "samples"))
+              + ", ".join(f"{k} {evaluation.figure(v)}" for k, v in floor.items() if k != "samples"))
     return 0
 
 

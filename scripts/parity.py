@@ -30,7 +30,7 @@ import torch
 from common import data as datasets
 from common import models
 from common.errors import exit_on_user_error
-from common.flags import OneLineErrorParser
+from common.flags import OneLineErrorParser, first_paragraph
 from common.pytorch import porting as torch_porting
 from common.tensorflow import porting as keras_porting
 from GAN.dcgan import hparams as dcgan_hparams
@@ -148,7 +148,7 @@ def mnist_images(image_size: int | None, channels: int) -> np.ndarray:
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", choices=(*models.NAMES, "all"), default="all")
     parser.add_argument("--image-size", type=int, choices=sorted(dcgan_hparams.GEOMETRY), default=28)
     parser.add_argument("--channels", type=int, choices=(1, 3), default=1)

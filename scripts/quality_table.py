@@ -117,7 +117,8 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                 return read_json(summary_path, ("step",), AGAIN)
             # A run stopped before its first checkpoint has nothing to resume: start it over.
             extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
-    command = [sys.executable, str(models.MODELS[model].script(framework)), "--out", str(folder),
+    # --out=FOLDER: a folder that starts with "-" (--runs ./-q) is the flag's value, not a flag
+    command = [sys.executable, str(models.MODELS[model].script(framework)), f"--out={folder}",
                "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,
                *(["--amp"] if amp else []), *overrides(args),
                *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
@@ -217,7 +218,7 @@ def markdown(rows: list[dict], seed_column: bool = False) -> str:
 
 @exit_on_user_error
 def main(argv=None) -> int:
-    parser = flags.OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser = flags.OneLineErrorParser(description=flags.first_paragraph(__doc__))
     parser.add_argument("--models", nargs="+", choices=models.NAMES, default=list(models.MODELS))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS),

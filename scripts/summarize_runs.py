@@ -46,7 +46,7 @@ def rows(folders):
 
 @exit_on_user_error
 def main(argv=None):
-    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=flags.first_paragraph(__doc__))
     parser.add_argument("folders", nargs="+", type=flags.path, help="folders holding run folders")
     found = list(rows(parser.parse_args(argv).folders))
     if not found:

@@ -89,7 +89,7 @@ def state_to_arrays(net: MnistFeatureNet) -> dict[str, np.ndarray]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = flags.OneLineErrorParser(description=__doc__.split("\n\n")[0])
+    parser = flags.OneLineErrorParser(description=flags.first_paragraph(__doc__))
     parser.add_argument("--epochs", type=flags.positive_int, default=4)
     parser.add_argument("--batch-size", type=flags.positive_int, default=128)
     parser.add_argument("--lr", type=learning_rate, default=1e-3,
@@ -240,7 +240,7 @@ def run_precisions(args: argparse.Namespace) -> str:
             result_path = Path(folder) / f"{precision}.json"
             print(f"== {precision}", flush=True)
             status = subprocess.run([sys.executable, __file__, *shared, *TABLE_PRECISIONS[precision],
-                                     "--result-json", str(result_path)]).returncode
+                                     f"--result-json={result_path}"]).returncode
             if status != 0:
                 raise UserError(f"the {precision} run failed (exit {status}); its error is above")
             results.append(json.loads(result_path.read_text()))

@@ -335,3 +335,48 @@ def test_reuse_takes_an_auto_amp_run_for_the_same_dtype_named(tmp_path):
     assert compare.decide(named, reuse=True, overwrite=False) is None  # reused as it is
     other = compare.Plan("vanilla_gan", "pytorch", True, flags, tmp_path, "cpu", amp_dtype="float16")
     assert other.folder != made.folder
+
+
+def test_compare_hands_run_folders_starting_with_a_dash_to_the_scripts(tmp_path, monkeypatch):
+    """--runs ./-r: Path("./-r") prints as "-r", and `--out -r/...` ended in the script's parser
+    as a flag of its own ("argument --out: expected one argument")."""
+    from common.config import parse_args
+
+    planned = []
+
+    class Planned(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Planned
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(compare, "train", lambda plan, extra: planned.append(plan))
+    monkeypatch.setattr(compare.report, "load_side", stop)
+    with pytest.raises(Planned):
+        compare.main(["--model", "vanilla_gan", "--runs", "./-r", *TINY, "--iters", "2", "--device", "cpu",
+                      "--same-init"])
+    pytorch, tensorflow = (parse_args("vanilla_gan", plan.framework, plan.command(["--overwrite"])[2:])
+                           for plan in planned)
+    assert pytorch.out == os.path.join("-r", "vanilla_gan", "pytorch-fp32") and pytorch.overwrite
+    assert tensorflow.out == os.path.join("-r", "vanilla_gan", "tensorflow-fp32-init-pytorch")
+    assert tensorflow.init_from == pytorch.out
+
+
+def test_the_tensorboard_command_printed_is_the_one_that_runs(tmp_path, monkeypatch):
+    """After `make demo` tensorboard is in .venv/bin, on no PATH: the last line names it there."""
+    bin_folder = tmp_path / "venv" / "bin"
+    bin_folder.mkdir(parents=True)
+    (bin_folder / "tensorboard").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(compare.sys, "executable", str(bin_folder / "python"))
+    monkeypatch.chdir(tmp_path)
+    logdir = Path("runs") / "vanilla_gan"
+    monkeypatch.setattr(compare.shutil, "which", lambda name: None)
+    assert compare.tensorboard_command(logdir) == "venv/bin/tensorboard --logdir runs/vanilla_gan"
+    monkeypatch.chdir(bin_folder)  # a bare name would be looked for on the PATH
+    assert compare.tensorboard_command(logdir) == "./tensorboard --logdir runs/vanilla_gan"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # not under the working folder: the whole path
+    assert compare.tensorboard_command(Path("-r")) == f"{bin_folder / 'tensorboard'} --logdir ./-r"
+    monkeypatch.setattr(compare.shutil, "which", lambda name: "/usr/bin/tensorboard")  # on the PATH
+    assert compare.tensorboard_command(logdir) == "tensorboard --logdir runs/vanilla_gan"

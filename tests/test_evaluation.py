@@ -302,7 +302,7 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     (killed / "summary.json").unlink()
     assert quality_table.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("quality_table: ") == 1 and f"--out {killed} --dataset ring8" in out and "--overwrite" in out
+    assert out.count("quality_table: ") == 1 and f"--out={killed} --dataset ring8" in out and "--overwrite" in out
     assert json.loads((killed / "summary.json").read_text())["step"] == 4
 
     # --table-only trains nothing: DCGAN, never run here, is left out of the table
@@ -396,3 +396,55 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
         quality_table.main([*argv[:-2], "3", "3"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "distinct seeds" in err and "\n" not in err, err
+
+
+def write_mnist_files(folder, side, count=64):
+    """MNIST-format IDX files (both splits) of `count` random side x side images."""
+    from tests.test_data import idx_bytes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix in ("train", "t10k"):
+        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(
+            idx_bytes(rng.integers(0, 256, (count, side, side), dtype=np.uint8)))
+        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(idx_bytes(rng.integers(0, 10, count, dtype=np.uint8)))
+    return folder
+
+
+SMALL = ["--batch-size", "8", "--width", "8", "--iters", "2", "--log-every", "1", "--no-tensorboard"]
+
+
+@pytest.mark.parametrize("script", [gan_pytorch, gan_tensorflow], ids=["pytorch", "tensorflow"])
+def test_evaluate_on_mnist_files_of_another_size_says_no_sample_metric(script, tmp_path, capsys):
+    """20x20 MNIST-format images under --data-dir: --dataset mnist without --image-size, and the
+    feature net (28x28 only) once ended the run after training with a ValueError traceback."""
+    data = write_mnist_files(tmp_path / "data", side=20)
+    out = tmp_path / "run"
+    summary = script.main(["--out", str(out), "--data-dir", str(data), *SMALL, "--evaluate", "10"])
+    assert summary["metrics"] == {"samples": 10}
+    assert json.loads((out / "summary.json").read_text())["metrics"] == {"samples": 10}
+    assert "no sample metric for --dataset mnist of 20x20x1 images" in capsys.readouterr().out
+
+
+def test_evaluate_script_reopens_a_run_whose_folder_starts_with_a_dash(tmp_path, capsys, monkeypatch):
+    """`evaluate.py ./-weird`: Path("./-weird") prints as "-weird", and `--out -weird` reached
+    the run's script as a flag ("argument --out: expected one argument"). The run is of 20x20
+    MNIST-format images, which the reopened script measures without a sample metric too."""
+    data = write_mnist_files(tmp_path / "data", side=20)
+    gan_pytorch.main(["--out", str(tmp_path / "-weird"), "--data-dir", str(data), *SMALL])
+    monkeypatch.chdir(tmp_path)
+    assert evaluate_script.main(["./-weird", "--samples", "10"]) == 0
+    assert json.loads((tmp_path / "-weird" / "summary.json").read_text())["metrics"] == {"samples": 10}
+    assert "-weird: samples 10\n" in capsys.readouterr().out
+
+
+def test_evaluate_script_prints_counts_as_whole_numbers(tmp_path, capsys, monkeypatch):
+    """`samples 1e+04` once: every figure went through {:.4g}."""
+    monkeypatch.setattr(evaluation, "check_evaluable", lambda folder: None)
+    monkeypatch.setattr(evaluation, "evaluate_run", lambda *args: {
+        "samples": 10_000, "fid": 12.3456, "precision": 1.0, "classes_covered": 10, "class_kl": 0.01234})
+    monkeypatch.setattr(evaluation, "real_data_floor", lambda samples: {"samples": 10_000, "fid": 2.345})
+    assert evaluate_script.main([str(tmp_path), "--samples", "10000"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{tmp_path}: samples 10000, fid 12.35, precision 1, classes_covered 10, class_kl 0.01234\n" in printed
+    assert evaluation.figure(25_000.0) == "25000" and evaluation.figure(2500) == "2500"

@@ -394,3 +394,36 @@ def test_quality_table_refuses_a_file_for_runs(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     err = one_line_exit(capsys, lambda: quality_table.main(["--runs", str(tmp_path / "afile"), "--table-only"]), code=2)
     assert "afile is a file, not a folder" in err
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--init-from", "--init-from is set by compare.py itself; use --same-init (TensorFlow starts from "
+                    "PyTorch's initial weights)"),
+    ("--init-f", "--init-from (typed --init-f) is set by compare.py itself; use --same-init"),
+    ("--out", "--out is set by compare.py itself; use --runs, --reuse or --overwrite"),
+    ("--ou=x", "--out (typed --ou) is set by compare.py itself; use --runs, --reuse or --overwrite"),
+    ("--resu", "--resume (typed --resu) is set by compare.py itself; use --runs, --reuse or --overwrite"),
+])
+def test_compare_names_each_flag_it_sets_once_with_what_to_use_instead(flag, message, capsys):
+    """--init-from once read "--init-from (--init-from) ...; use --runs, --reuse or --overwrite":
+    the name twice, and a hint for the run folders where --same-init is what it asks for."""
+    from scripts import compare
+
+    err = one_line_exit(capsys, lambda: compare.main(["--model", "vanilla_gan", flag, "x"]), code=2)
+    assert message in err, err
+
+
+SCRIPTS_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+@pytest.mark.parametrize("script", sorted(name.removesuffix(".py") for name in os.listdir(SCRIPTS_FOLDER)
+                                          if name.endswith(".py") and name != "__init__.py"))
+def test_a_scripts_help_begins_with_its_docstrings_whole_first_paragraph(script, capsys):
+    """Not its first line: five scripts' --help stopped mid-sentence."""
+    module = importlib.import_module(f"scripts.{script}")
+    first_paragraph = " ".join(module.__doc__.split("\n\n")[0].split())
+    assert first_paragraph[-1] in ".?"
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    assert first_paragraph in " ".join(capsys.readouterr().out.split())
