@@ -157,9 +157,10 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
 
     model_group = parser.add_argument_group("model")
     model_group.add_argument("--width", type=flags.int_in(1, MAX_WIDTH),
-                             help="the networks' width: the VAE's hidden units; the MLP GANs' smallest "
-                                  "hidden layer (the others are multiples of it); DCGAN's and "
-                                  "WGAN-GP's base channels (G's last hidden layer, D's first)")
+                             help="the networks' width: the VAE's hidden units; the vanilla GAN's and LSGAN's "
+                                  "smallest hidden layer (the others are multiples of it); WGAN-GP's "
+                                  "MLPs have 16x it; DCGAN's and WGAN-GP's image base channels "
+                                  "(G's last hidden layer, D's first)")
 
     training = parser.add_argument_group("training")
     training.add_argument("--iters", type=flags.positive_int, help="training iterations")

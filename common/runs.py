@@ -29,8 +29,9 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(pt|npz)$")
 KEEP_CHECKPOINTS = 2
 # What a run writes in its folder (the listing above, and the temporary files of atomic_write
 # and sampling.fixed_noise): what --overwrite deletes.
-RUN_ENTRY = re.compile(r"^(config\.json|history\.jsonl|summary\.json|fixed_noise\.npy|initial_weights\.npz"
-                       r"|samples|checkpoints|profile|events\.out\.tfevents\..*|fixed_noise\.npy\.tmp|\..+\.tmp-\d+)$")
+RUN_ENTRY = re.compile(r"(config\.json|history\.jsonl|summary\.json|fixed_noise\.npy|initial_weights\.npz"
+                       r"|samples|checkpoints|profile|events\.out\.tfevents\..+|fixed_noise\.npy\.tmp"
+                       r"|\.(config\.json|history\.jsonl|summary\.json|initial_weights\.npz)\.tmp-\d+)")
 BATCH_STREAM = 11  # numpy stream for the batch order, apart from the fixed noise's
 
 
@@ -247,7 +248,7 @@ class RunFolder:
         the data or notes a user keeps beside it."""
         kept = []
         for child in sorted(self.path.iterdir()):
-            if not RUN_ENTRY.match(child.name):
+            if not RUN_ENTRY.fullmatch(child.name):
                 kept.append(child.name)
             elif child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)

@@ -46,7 +46,6 @@ from common.runs import RunFolder, read_json, settings_as_today
 
 # compare sets these itself; each with what to use instead
 OWN_FLAGS = {"--out": "use --runs, --reuse or --overwrite", "--resume": "use --runs, --reuse or --overwrite",
-             "--overwrite": "use --runs, --reuse or --overwrite",
              "--init-from": "use --same-init (TensorFlow starts from PyTorch's initial weights)"}
 # what a run's results depend on: the settings --resume keeps, and those a run may change
 # between pauses that shape its training (clipping, loss scaling) or its step time (compilers);

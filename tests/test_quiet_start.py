@@ -12,7 +12,7 @@ TINY_RUN = ("GAN/vanilla_gan/gan_tensorflow.py", "--iters", "2", "--data-limit",
             "--sample-every", "0", "--checkpoint-every", "0")
 # TensorFlow's one CPU device holds every core: the line says how many ("1 CPU" read as one core)
 OUR_LINE = re.compile(r"^vanilla_gan \| tensorflow \S+ \(keras \S+\), "
-                      rf"sees 1 CPU device \({os.cpu_count()} cores\)[^,]*, oneDNN (on|off), "
+                      rf"sees 1 CPU device \({len(os.sched_getaffinity(0))} cores\)[^,]*, oneDNN (on|off), "
                       r"C\+\+ log level (\d+)", re.MULTILINE)
 # Pieces of the lines TensorFlow 2.21 opened every run with on a CPU-only machine.
 NOTICES = ["absl::InitializeLog", "oneDNN custom operations are on", "cpu_feature_guard"]

@@ -5,6 +5,7 @@ it should not."""
 import errno
 import io
 import json
+import math
 import os
 import shutil
 
@@ -650,6 +651,8 @@ def test_a_loss_scale_of_zero_counts_as_a_state_not_to_checkpoint():
     scaler.scale(torch.ones(1))  # creates the scale tensor
     scaler.update(0.0)
     assert checkpoints.nonfinite() == "scaler/scale"
+    scaler.update(math.inf)  # refused by --resume as well
+    assert checkpoints.nonfinite() == "scaler/scale"
 
     optimizer = LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=1024.0)
     optimizer.build([keras.Variable(1.0)])
@@ -659,3 +662,5 @@ def test_a_loss_scale_of_zero_counts_as_a_state_not_to_checkpoint():
     assert checkpoints.nonfinite() is None
     optimizer.dynamic_scale.assign(0.0)
     assert checkpoints.nonfinite() == "optimizer/generator: the loss scale"
+    optimizer.dynamic_scale.assign(math.inf)  # an optimizer variable, so the scan of them finds it first
+    assert checkpoints.nonfinite().startswith("optimizer/generator")

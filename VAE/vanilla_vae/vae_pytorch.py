@@ -160,7 +160,7 @@ class VAE:
         posterior means (no sampling, so successive grids differ only by training)."""
         device = self.device
         if self._fixed_noise is None:
-            noise = sampling.fixed_noise(run.path, hparams.SAMPLE_COUNT, hparams.LATENT,
+            noise = sampling.fixed_noise(run.path, sampling.GRID_IMAGES, hparams.LATENT,
                                          self.cfg.seed)
             self._fixed_noise = torch.from_numpy(noise).to(device)
             images = datasets.fixed_test_images(self.cfg, hparams.RECONSTRUCTION_COUNT)  # NHWC

@@ -137,7 +137,7 @@ class VAE:
         posterior means (no sampling, so successive grids differ only by training)."""
         if self._fixed_noise is None:
             self._fixed_noise = tf.constant(sampling.fixed_noise(
-                run.path, hparams.SAMPLE_COUNT, hparams.LATENT, self.cfg.seed))
+                run.path, sampling.GRID_IMAGES, hparams.LATENT, self.cfg.seed))
             self._test_images = tf.constant(
                 datasets.fixed_test_images(self.cfg, hparams.RECONSTRUCTION_COUNT))
         samples = tf.sigmoid(tf.cast(self.decoder(self._fixed_noise, training=False), tf.float32))

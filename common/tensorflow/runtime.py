@@ -45,9 +45,10 @@ REPLICA_TIMEOUT_S = 600
 def describe_tensorflow() -> str:
     """"tensorflow 2.21.0 (keras 3.15.1), sees 1 CPU device (2 cores) + 1 GPU, oneDNN on, C++ log
     level 1 (...)": what a run's first line says in place of TensorFlow's start-up log
-    (common/quiet.py). TensorFlow's one CPU device holds every core it may use."""
+    (common/quiet.py). TensorFlow's one CPU device holds every core the process may use."""
     found = Counter(device.device_type for device in tf.config.list_physical_devices())
-    devices = " + ".join(f"{count} CPU device{'s' * (count > 1)} ({os.cpu_count()} cores)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    devices = " + ".join(f"{count} CPU device{'s' * (count > 1)} ({cores} cores)"
                          if kind == "CPU" else f"{count} {kind}" for kind, count in found.items())
     onednn = {True: "on", False: "off", None: "?"}[onednn_enabled()]
     return (f"tensorflow {tf.__version__} (keras {keras.__version__}), sees {devices}, oneDNN {onednn}, "
