@@ -165,14 +165,17 @@ def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, capfd, model
     first = torchrun(script, "--iters", "10" if second_half else "20", "--out", str(together), *flags)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replicas (DDP, gloo)" in first.stdout
-    if second_half == "two replicas":
-        second = torchrun(script, "--iters", "20", "--resume", "--out", str(together), *flags)
+    if second_half == "two replicas":  # rank 0 evaluates alone, the summary written, rank 1 let go
+        second = torchrun(script, "--iters", "20", "--resume", "--out", str(together), *flags, "--evaluate", "20")
     elif second_half == "one process":
         second = run_script(script, "--iters", "20", "--resume", "--out", str(together), *flags,
                             env=replica_environment())
     if second_half:
         assert second.returncode == 0, second.stderr[-3000:]
         assert "resumed from" in second.stdout
+    if second_half == "two replicas":
+        assert "evaluation (20 samples): fid " in second.stdout
+        assert {"fid", "precision", "recall"} <= set(json.loads((together / "summary.json").read_text())["metrics"])
     alone_state, together_state = checkpoint(tmp_path / "alone", 20), checkpoint(together, 20)
     assert max_weight_difference(alone_state["modules"], together_state["modules"]) <= 1e-5
     if model != "vae":

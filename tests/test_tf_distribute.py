@@ -286,9 +286,12 @@ def test_two_workers_train_as_one_process_and_write_one_run_folder(tmp_path):
     flags = ["--iters", "20", "--checkpoint-every", "20", *FAST, *GAN_FLAGS]  # width 32, as the mirrored tests
     train(script, tmp_path / "alone", *flags)
     run = tmp_path / "workers"
-    results = finish(start_workers(script, "--out", str(run), *flags))
+    # --evaluate: worker 0 alone, after the summary is written and worker 1 let go
+    results = finish(start_workers(script, "--out", str(run), *flags, "--evaluate", "20"))
     (code0, out0, err0, _), (code1, out1, err1, _) = results
     assert code0 == 0 and code1 == 0, (err0[-2000:], err1[-2000:])
+    assert "evaluation (20 samples): fid " in out0
+    assert {"fid", "precision", "recall"} <= set(json.loads((run / "summary.json").read_text())["metrics"])
     assert "2 replicas (CollectiveAllReduceStrategy, 2 workers)" in out0
     assert out1.strip() == ""  # worker 1 trains silently; worker 0 writes and prints
     compared = ("module/", "average/")  # the average of G, moved once outside the workers, too
