@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import errno
 import re
+import signal
+import subprocess
 import sys
+import threading
 
 # OSErrors that are the file system's answer, not a bug: the user fixes them (another --out,
 # free space, permissions), so they are one line like a UserError. A missing file is not among
@@ -29,6 +32,12 @@ class UsageError(UserError):
     """Invalid flags or flag combinations. Exit status 2, as argparse uses."""
 
     exit_code = 2
+
+
+class Interrupted(UserError):
+    """Ctrl-C while a script ran another: the child stopped on its own terms. Exit status 130."""
+
+    exit_code = 130
 
 
 class DataError(UserError):
@@ -94,6 +103,25 @@ def out_of_memory_problem(error: BaseException) -> str | None:
     first = re.sub(r"^\{\{[^}]*\}\}\s*", "", first).split(" on /job:")[0]
     detail = f" ({first[:200]})" if first else ""
     return f"out of memory{detail}; {OUT_OF_MEMORY_HINT}"
+
+
+def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run for a script that trains or evaluates. A terminal's Ctrl-C goes to the
+    whole process group; the model scripts then finish their step, checkpoint and exit 130.
+    subprocess.run would raise KeyboardInterrupt in this process and kill the child while it
+    saves, so the signal is noted here instead and the child waited for; then this process
+    stops too, with `on_interrupt` as its one line (exit 130)."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
+        return subprocess.run(command, **kwargs)
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    try:
+        result = subprocess.run(command, **kwargs)  # the child starts with SIGINT's default
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted or result.returncode == 130:
+        raise Interrupted(f"interrupted: {on_interrupt}")
+    return result
 
 
 def exit_on_user_error(main):

@@ -17,7 +17,6 @@ so every number has its reference.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 from common import data as datasets
 from common import feature_net, metrics, models
 from common.config import MIXTURE_SAMPLES, POINT_DATASETS, RESUME_KEYS
-from common.errors import UserError
+from common.errors import UserError, run_child
 from common.runs import RunFolder, settings_as_today
 
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
@@ -235,7 +234,7 @@ def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1)
                "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else []),
                *(["--eval-draws", str(draws)] if draws > 1 else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command).returncode
+    status = run_child(command, f"{folder} was not evaluated; the same command measures it").returncode
     if status != 0:
         raise UserError(f"evaluating {folder} failed (exit {status}); its output is above")
     summary = json.loads((folder / "summary.json").read_text())

@@ -40,14 +40,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, flags, models
-from common.errors import UsageError, UserError, exit_on_user_error
+from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.runs import RunFolder, atomic_write
 
 # Every row names TensorFloat-32 (a GPU's float32 matmuls and convolutions with a 10-bit
@@ -120,7 +119,8 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     name = configuration_name(model, framework, precision, compiled, workers, replicas)
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
     try:
-        result = subprocess.run(command, capture_output=True, text=True, env=environment)
+        result = run_child(command, f"the benchmark stopped at {name}; no table was written",
+                           capture_output=True, text=True, env=environment)
     finally:  # a failed or interrupted run too: the next benchmark may replace it
         mark_as_benchmark(folder)
     if result.returncode != 0:

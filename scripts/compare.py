@@ -32,7 +32,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, parse_args, resolve_precision
-from common.errors import UsageError, UserError, exit_on_user_error
+from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.flags import OneLineErrorParser, first_paragraph, output_folder
 from common.runs import RunFolder, read_json, settings_as_today
 
@@ -124,9 +123,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
 def train(plan: Plan, extra: list[str]) -> None:
     command = plan.command(extra)
     print(f"compare: {plan.label}: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command).returncode
-    if status == 130:
-        sys.exit(130)  # Ctrl-C: the run saved a checkpoint; --reuse continues it
+    status = run_child(command, f"the {plan.label} run saved a checkpoint; --reuse continues it").returncode
     if status != 0:
         raise UserError(f"the {plan.label} run failed (exit {status}); its output is above")
 

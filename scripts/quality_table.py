@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
-from common.errors import UsageError, UserError, exit_on_user_error
+from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import evaluate_run, sample_count
 from common.runs import RunFolder, atomic_write, read_json, settings_as_today
 
@@ -123,7 +122,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                *(["--amp"] if amp else []), *overrides(args),
                *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
-    status = subprocess.run(command).returncode
+    status = run_child(command, f"{folder} saved a checkpoint; the same command continues it").returncode
     if status != 0:
         raise UserError(f"the run in {folder} failed (exit {status}); its output is above")
     return read_json(summary_path, ("step",), AGAIN)

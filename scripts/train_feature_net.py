@@ -30,7 +30,6 @@ import argparse
 import io
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from torch import nn
 from common import cpu, flags
 from common import data as datasets
 from common.config import RunConfig, learning_rate
-from common.errors import UsageError, UserError, exit_on_user_error
+from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
 from common.pytorch import runtime as torch_runtime
 from common.runs import atomic_write
@@ -239,8 +238,8 @@ def run_precisions(args: argparse.Namespace) -> str:
         for precision in args.precisions:
             result_path = Path(folder) / f"{precision}.json"
             print(f"== {precision}", flush=True)
-            status = subprocess.run([sys.executable, __file__, *shared, *TABLE_PRECISIONS[precision],
-                                     f"--result-json={result_path}"]).returncode
+            status = run_child([sys.executable, __file__, *shared, *TABLE_PRECISIONS[precision],
+                                f"--result-json={result_path}"], f"the table stopped at {precision}").returncode
             if status != 0:
                 raise UserError(f"the {precision} run failed (exit {status}); its error is above")
             results.append(json.loads(result_path.read_text()))

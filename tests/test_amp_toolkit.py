@@ -421,10 +421,8 @@ class FakeScripts:
     run folder's summary.json and config.json, with the step time `step_ms(command, call)`."""
 
     def __init__(self, monkeypatch, step_ms=lambda command, call: 10.0, device="cpu"):
-        from scripts import benchmark
-
         self.commands, self.step_ms, self.real_run, self.device = [], step_ms, subprocess.run, device
-        monkeypatch.setattr(benchmark.subprocess, "run", self)
+        monkeypatch.setattr(subprocess, "run", self)
 
     def __call__(self, command, **kwargs):
         if "--out" not in command:  # not a model script: platform.platform() asking uname
@@ -506,7 +504,7 @@ def test_benchmark_goes_on_past_a_failed_configuration_and_says_so_at_the_end(fa
             return subprocess.CompletedProcess(command, 1, "", "error: torch.compile failed in PyTorch 2.11.0\n")
         return fake_run(command, **kwargs)
 
-    monkeypatch.setattr(benchmark.subprocess, "run", failing_run)
+    monkeypatch.setattr(subprocess, "run", failing_run)
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--iters", "8", "--log-every", "2",
                         "--compiled", "--repeat", "2", "--out", str(tmp_path)])

@@ -12,6 +12,7 @@ import pytest
 
 from common.config import parse_args
 from common.errors import UsageError, described, exit_on_user_error, first_line
+from tests.conftest import REPO
 
 TINY = ["--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64", "--no-tensorboard",
         "--device", "cpu"]
@@ -427,3 +428,50 @@ def test_a_scripts_help_begins_with_its_docstrings_whole_first_paragraph(script,
         module.main(["--help"])
     assert exit_info.value.code == 0
     assert first_paragraph in " ".join(capsys.readouterr().out.split())
+
+
+# --- 8. Ctrl-C while a script runs another -----------------------------------------------------
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+def stop(signum, frame):
+    time.sleep(1.0)  # a checkpoint being written: the parent must not kill the child now
+    Path(sys.argv[1]).write_text("saved")
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+Path(sys.argv[1] + ".started").write_text("")
+time.sleep(60)
+"""
+PARENT = """
+import sys
+sys.path.insert(0, {repo!r})
+from common.errors import exit_on_user_error, run_child
+exit_on_user_error(lambda: run_child([sys.executable, "-c", {child!r}, {marker!r}], "the run saved a checkpoint"))()
+"""
+
+
+def test_ctrl_c_reaches_the_child_which_saves_before_the_parent_stops_in_one_line(tmp_path):
+    """A terminal sends Ctrl-C to the whole process group. subprocess.run raised
+    KeyboardInterrupt in compare.py and benchmark.py (a traceback) and killed the training
+    child 0.25 s later, mid-checkpoint; run_child waits for it and stops with one line, 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = str(tmp_path / "marker")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(repo=str(REPO), child=CHILD, marker=marker)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker + ".started") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(parent.pid, signal.SIGINT)
+        _, err = parent.communicate(timeout=60)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.communicate()
+    assert parent.returncode == 130, err
+    assert err.strip() == "error: interrupted: the run saved a checkpoint"
+    assert (tmp_path / "marker").read_text() == "saved"
