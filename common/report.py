@@ -193,6 +193,11 @@ def _number(value, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _metric(value) -> str:
+    """A quality metric: counts (samples, modes or classes covered) whole, the rest to 4 places."""
+    return str(int(value)) if isinstance(value, (int, float)) and float(value).is_integer() else _number(value, 4)
+
+
 def markdown_table(rows: list[dict]) -> str:
     metric_names = sorted({name for row in rows for name in row["metrics"]})
     header = ["run", "device", "steps", "median ms/step", "samples/s", "peak MB", "skipped",
@@ -203,7 +208,7 @@ def markdown_table(rows: list[dict]) -> str:
         cells = [row["run"], str(row["device"]), str(row["steps"]),
                  _number(row["median_step_ms"], 2), _number(row["samples_per_s"], 0),
                  _number(row["peak_memory_mb"], 0), str(row["skipped_steps"]), losses,
-                 *(_number(row["metrics"].get(name), 4) for name in metric_names)]
+                 *(_metric(row["metrics"].get(name)) for name in metric_names)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -244,7 +244,8 @@ def table(result: dict) -> str:
 @exit_on_user_error
 def main(argv=None) -> dict:
     parser = OneLineErrorParser(description=flags.first_paragraph(__doc__))
-    parser.add_argument("--model", choices=GAN_MODELS, help="default: vanilla_gan, or --weights' model")
+    parser.add_argument("--model", type=lambda name: models.get(name).key if name in models.NAMES else name,
+                        choices=GAN_MODELS, help="default: vanilla_gan, or --weights' model (aliases as elsewhere)")
     parser.add_argument("--width", type=int, help="the networks' width (default: the model's, or --weights' run's)")
     parser.add_argument("--weights", type=flags.path, metavar="RUN_DIR",
                         help="the networks of a finished MNIST run's last checkpoint, either framework "

@@ -128,7 +128,8 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
         raise UserError(f"{name} failed (exit {result.returncode}): {last.removeprefix('error: ')}")
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
-    return {"model": model, "framework": framework, "precision": config["precision"],
+    # the configuration's name for it (fp32-tf32 is fp32 in config.json): each row says what it measured
+    return {"model": model, "framework": framework, "precision": precision,
             "tf32": config["tf32"] if config["device"].startswith("cuda") else "-", "compiler": compiler,
             "data": loader, "replicas": replicas,
             "device": config["device"], "gpu": summary.get("gpu"), "median_step_ms": summary["median_step_ms"],
@@ -167,7 +168,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compiled", action="store_true",
                         help="also measure every configuration compiled: PyTorch --compile, TensorFlow --xla")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="runs per configuration, round robin; the table gives the median run and the range")
+                        help="runs per configuration, round robin; the table gives the median run (of an even "
+                             "count the slower middle one: use an odd count) and the range")
     parser.add_argument("--workers", type=int, default=0,
                         help="also measure every configuration with the host loader of N workers")
     parser.add_argument("--replicas", type=int, default=0,
@@ -213,6 +215,7 @@ def main(argv=None) -> int:
         if not measured:  # it failed in the first round; one that failed later keeps the runs it made
             continue
         measured = sorted(measured, key=lambda row: row["median_step_ms"])
+        # the median run; of an even count the slower middle one (--help says so)
         rows[configuration] = {**measured[len(measured) // 2], "step_ms_runs": [r["median_step_ms"] for r in measured]}
     # the rows the others are compared with, all of them first: --precisions may list fp32 last
     baselines = {(model, framework): row["median_step_ms"]

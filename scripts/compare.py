@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
+from common.evaluation import sample_count
 from common.flags import OneLineErrorParser, first_paragraph, output_folder
 from common.runs import RunFolder, read_json, settings_as_today
 
@@ -108,8 +109,14 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         raise UsageError(f"cannot reuse {folder}: other settings ({changes}); --overwrite to train "
                          "it again, or --runs for another folder")
     summary_path = folder / "summary.json"
-    done = read_json(summary_path, ("step",), again)["step"] if summary_path.exists() else 0
+    summary = read_json(summary_path, ("step",), again) if summary_path.exists() else {"step": 0}
+    done = summary["step"]
     if done == plan.config.iters:
+        asked = plan.config.evaluate and sample_count(plan.config.dataset, plan.config.evaluate)
+        measured = summary.get("metrics") or {}
+        if asked and measured.get("samples") != asked:  # --resume with nothing to train measures it
+            print(f"compare: {folder} is not measured on {asked} samples: evaluating it", flush=True)
+            return ["--resume"]
         return None
     if done > plan.config.iters:
         raise UsageError(f"cannot reuse {folder}: it trained {done} iterations, --iters asks for "

@@ -557,10 +557,13 @@ def test_benchmark_gpu_rows_name_tf32_and_fp32_is_ieee_float32(tmp_path, monkeyp
                            "--iters", "8", "--log-every", "2", "--out", str(tmp_path)]) == 0
     assert [command[command.index("--tf32") + 1] for command in scripts.commands] == ["off", "on", "off"]
     rows = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
-    assert [(row["precision"], row["tf32"]) for row in rows] == [("fp32", "off"), ("fp32", "on"), ("amp-fp16", "off")]
+    # each row named by its configuration: config.json records fp32-tf32 as fp32 (on a CPU, with
+    # TF32 "-", the two rows looked the same)
+    assert [(row["precision"], row["tf32"]) for row in rows] == [("fp32", "off"), ("fp32-tf32", "on"),
+                                                                 ("amp-fp16", "off")]
     assert [row.get("speedup") for row in rows] == [None, pytest.approx(2.0), pytest.approx(4.0)]
     table = (tmp_path / "benchmark.md").read_text()
-    assert "| dcgan | pytorch | fp32 | on | - |" in table
+    assert "| dcgan | pytorch | fp32-tf32 | on | - |" in table
     assert table.startswith(f"CPU: {cpu.summary()}; GPU: NVIDIA H100 80GB HBM3; flags: -\n")  # the GPU's name, once
 
 

@@ -337,6 +337,23 @@ def test_reuse_takes_an_auto_amp_run_for_the_same_dtype_named(tmp_path):
     assert other.folder != made.folder
 
 
+def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_path):
+    """--reuse --evaluate N reused a finished run unmeasured, and the report, which names
+    --evaluate N in its command, had no metric columns: the run is now resumed, which evaluates."""
+    def plan(*extra):
+        return compare.Plan("vanilla_gan", "pytorch", False, ["--iters", "4", *TINY, *extra], tmp_path, "cpu")
+
+    finished = plan()
+    finished.folder.mkdir(parents=True)
+    (finished.folder / "config.json").write_text(json.dumps(finished.expected()))
+    (finished.folder / "summary.json").write_text(json.dumps({"step": 4}))
+    assert compare.decide(finished, reuse=True, overwrite=False) is None
+    assert compare.decide(plan("--evaluate", "200"), reuse=True, overwrite=False) == ["--resume"]
+    (finished.folder / "summary.json").write_text(json.dumps({"step": 4, "metrics": {"samples": 200, "fid": 9.0}}))
+    assert compare.decide(plan("--evaluate", "200"), reuse=True, overwrite=False) is None
+    assert compare.decide(plan("--evaluate", "500"), reuse=True, overwrite=False) == ["--resume"]
+
+
 def test_compare_hands_run_folders_starting_with_a_dash_to_the_scripts(tmp_path, monkeypatch):
     """--runs ./-r: Path("./-r") prints as "-r", and `--out -r/...` ended in the script's parser
     as a flag of its own ("argument --out: expected one argument")."""

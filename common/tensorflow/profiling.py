@@ -54,8 +54,9 @@ def host_operations(trace: Path) -> list[OperationRow]:
                 name, op_type = metadata.name, metadata.display_name
                 if op_type and name.endswith(":" + op_type):
                     label = op_type
-                elif "::" not in name and any(executor for _, _, executor in enclosing):
-                    label = "XLA " + re.sub(r"[._]\d+$", "", name)  # "MatMul_1", "fusion.3": by kind
+                elif "::" not in name and not name.startswith("end: ") and any(
+                        executor for _, _, executor in enclosing):  # "end: X": a marker, not an op
+                    label = "XLA " + re.sub(r"(?:[._]\d+)+$", "", name)  # "MatMul_1.36", "fusion.3": by kind
                 else:
                     label = None  # executor bookkeeping
                 if label:
