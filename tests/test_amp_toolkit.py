@@ -863,6 +863,12 @@ def test_amp_gradients_refuses_bad_flags_in_one_line(capsys):
         amp_gradients.main(["--batch-size", "1"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "--batch-size must be at least 2" in err and "\n" not in err, err
+    with pytest.raises(SystemExit) as exit_info:  # an alias is the model, as in the other scripts
+        amp_gradients.main(["--model", "gan", "--batch-size", "1"])
+    assert exit_info.value.code == 2 and "--batch-size must be at least 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        amp_gradients.main(["--model", "vae"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 def test_amp_gradients_sets_the_amp_error_beside_the_minibatch_noise():

@@ -397,3 +397,11 @@ def test_the_tensorboard_command_printed_is_the_one_that_runs(tmp_path, monkeypa
     assert compare.tensorboard_command(Path("-r")) == f"{bin_folder / 'tensorboard'} --logdir ./-r"
     monkeypatch.setattr(compare.shutil, "which", lambda name: "/usr/bin/tensorboard")  # on the PATH
     assert compare.tensorboard_command(logdir) == "tensorboard --logdir runs/vanilla_gan"
+
+
+def test_the_report_table_prints_counts_whole_and_figures_to_four_places():
+    row = {"run": "pytorch fp32", "device": "cpu", "steps": 4, "median_step_ms": 1.0, "samples_per_s": 2.0,
+           "peak_memory_mb": 3.0, "skipped_steps": 0, "final_losses": {},
+           "metrics": {"samples": 2500.0, "modes_covered": 8, "high_quality": 0.71234}}
+    line = report.markdown_table([row]).splitlines()[-1]
+    assert line.endswith("| 0.7123 | 8 | 2500 |"), line  # not 8.0000 and 2500.0000
