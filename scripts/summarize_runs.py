@@ -17,7 +17,7 @@ from common.errors import UserError, exit_on_user_error
 from common.flags import OneLineErrorParser
 from common.runs import read_json
 
-COLUMNS = ("run", "precision", "device", "steps", "median ms/step", "samples/s",
+COLUMNS = ("run folder", "model", "data", "precision", "device", "steps", "median ms/step", "samples/s",
            "peak MB", "skipped", "final losses")
 NOT_LOSSES = ("loss_scale", "skipped", "skipped_total")
 
@@ -38,8 +38,16 @@ def rows(folders):
             config = read_json(run / "config.json", ("precision", "device"), hint)
             losses = ", ".join(f"{k} {number(v, 3)}" for k, v in summary.get("final", {}).items()
                                if k not in NOT_LOSSES)
-            yield (f"{summary['model']} {summary['framework']}", config["precision"],
-                   config["device"], str(summary["step"]), number(summary.get("median_step_ms"), 2),
+            # what tells apart runs of one model and precision: the folder, the data, a stop
+            replicas = summary.get("replicas")
+            data = str(config.get("dataset", "-")) + (f", {replicas} replicas" if isinstance(replicas, int)
+                                                     and replicas > 1 else "")
+            steps = str(summary["step"])
+            if summary.get("stopped_early") and isinstance(config.get("iters"), int):
+                steps = f"{steps}/{config['iters']} (stopped)"
+            yield (str(run.relative_to(folder)) if run != Path(folder) else run.name,
+                   f"{summary['model']} {summary['framework']}", data, config["precision"],
+                   config["device"], steps, number(summary.get("median_step_ms"), 2),
                    number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),
                    str(summary.get("skipped_steps", "-")), losses or "-"), (str(run), summary)
 

@@ -314,8 +314,16 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     folders = fake_compare_runs(tmp_path / "runs")
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
-    assert "| vanilla_gan tensorflow | fp32 | cpu | 2 | 1.00 |" in out
+    assert "| vanilla_gan tensorflow | mnist | fp32 | cpu | 2 | 1.00 |" in out
     assert out.endswith("\nCPU: not recorded (a run from before summary.json kept it)\n")
+    # rows that looked alike: each names its folder, and a run of replicas or one stopped says so
+    stopped = json.loads((folders["tensorflow"] / "summary.json").read_text())
+    (folders["tensorflow"] / "summary.json").write_text(json.dumps({**stopped, "stopped_early": True, "replicas": 2}))
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    tensorflow_folder = folders["tensorflow"].relative_to(tmp_path / "runs")
+    assert f"| {tensorflow_folder} | vanilla_gan tensorflow | mnist, 2 replicas | fp32 | cpu | 2/2 (stopped) |" in out
+    (folders["tensorflow"] / "summary.json").write_text(json.dumps(stopped))
 
     summary = json.loads((folders["pytorch"] / "summary.json").read_text())
     machine = {"model": "AMD EPYC", "cores": 2, "avx512_bf16": True, "amx_bf16": False}
