@@ -463,7 +463,8 @@ def test_a_run_from_before_the_average_of_g_resumes_and_reopens(tmp_path):
     flags = evaluation.rerun_flags({**config, "device": "cuda:0"}, 2)  # as a PyTorch run on CUDA records it
     assert flags[flags.index("--device") + 1] == "cuda"
     assert quality_table.settings_differences(config, {"ema_decay": 0.0, "seed": today["seed"]}) == []
-    plan = SimpleNamespace(folder=run, config=SimpleNamespace(iters=2), expected=lambda: today)
+    plan = SimpleNamespace(folder=run, config=SimpleNamespace(iters=2, evaluate=0, dataset="mnist"),
+                           expected=lambda: today)
     assert compare.decide(plan, reuse=True, overwrite=False) is None  # finished, and reused
     assert train(run, "--ema-decay", "0", "--resume", "--iters", "4")["step"] == 4
 
