@@ -32,7 +32,7 @@ SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale 
 # Upper bounds of the flags that size memory, so that a typo (an extra zero) ends in a message
 # instead of an allocation of hundreds of GiB. Past them nothing fits a single machine anyway.
 MAX_WIDTH = 4096          # about 10x the largest default (the VAE's 400)
-MAX_REPLICAS = 64          # --replicas: 8 GPUs to a machine; logical CPU devices past that only queue
+MAX_REPLICAS = 64         # --replicas: 8 GPUs to a machine; logical CPU devices past that only queue
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 # FID-50k, the most GAN papers report; precision and recall's nearest neighbours cost the square
 # of it (44 s at 50,000 on 2 cores; 1,000,000 would take hours)

@@ -56,12 +56,12 @@ def measures_images(dataset: str, sample_shape: tuple) -> bool:
     return dataset == "mnist" and tuple(sample_shape) == feature_net.IMAGE_SHAPE
 
 
-def figure(value) -> str:
+def figure(value, form: str = ".4g") -> str:
     """A metric as printed: counts (samples, classes_covered, modes_covered) whole, not 1e+04;
-    the rest to 4 significant digits."""
+    the rest in `form` (4 significant digits; the report's table takes 4 places)."""
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
         return str(int(value))
-    return f"{value:.4g}"
+    return f"{value:{form}}"
 
 
 def mnist_subset(split: str, count: int) -> np.ndarray:

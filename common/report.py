@@ -23,6 +23,7 @@ from PIL import Image  # noqa: E402
 from common import cpu  # noqa: E402
 from common.config import POINT_DATASETS  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from common.evaluation import figure  # noqa: E402
 from common.runs import RunFolder, atomic_write  # noqa: E402
 
 # what a history row holds besides the losses: step, loss scaling, time, and (float16) the
@@ -193,11 +194,6 @@ def _number(value, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _metric(value) -> str:
-    """A quality metric: counts (samples, modes or classes covered) whole, the rest to 4 places."""
-    return str(int(value)) if isinstance(value, (int, float)) and float(value).is_integer() else _number(value, 4)
-
-
 def markdown_table(rows: list[dict]) -> str:
     metric_names = sorted({name for row in rows for name in row["metrics"]})
     header = ["run", "device", "steps", "median ms/step", "samples/s", "peak MB", "skipped",
@@ -208,7 +204,8 @@ def markdown_table(rows: list[dict]) -> str:
         cells = [row["run"], str(row["device"]), str(row["steps"]),
                  _number(row["median_step_ms"], 2), _number(row["samples_per_s"], 0),
                  _number(row["peak_memory_mb"], 0), str(row["skipped_steps"]), losses,
-                 *(_metric(row["metrics"].get(name)) for name in metric_names)]
+                 *("-" if row["metrics"].get(name) is None else figure(row["metrics"][name], ".4f")
+                   for name in metric_names)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

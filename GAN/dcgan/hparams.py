@@ -11,9 +11,10 @@ Z_DIM = 100
 # GPU; 32 is plenty for MNIST and makes a CPU step ~4x cheaper.
 WIDTH = 32
 # 3x3 convolutions (stride 1, batch norm, then G's ReLU or D's LeakyReLU) after each hidden
-# layer of G and of D, at its resolution. DCGAN's G has one transposed convolution per resolution, too little to shape a
-# stroke: one more convolution per resolution, as Progressive GAN and StyleGAN have, took
-# MNIST's FID from 154 to 76 at 2,000 iterations (README, "what moved the FID").
+# layer of G and of D, at its resolution. DCGAN's G has one transposed convolution per
+# resolution, too little to shape a stroke: one more convolution per resolution, as
+# Progressive GAN and StyleGAN have, took MNIST's FID from 154 to 76 at 2,000 iterations
+# (README, "what moved the FID").
 REFINE_CONVS = 1
 LEAKY_SLOPE = 0.2
 PIXEL_RANGE = (-1.0, 1.0)  # images are scaled to the range of G's tanh

@@ -2,8 +2,8 @@
 
 The PyTorch examples' VAE (pytorch/examples vae/main.py), after Kingma & Welling: one hidden
 layer of 400 ReLU units in the encoder and in the decoder, a 20-dimensional latent space, Adam
-1e-3, batch 128. (The paper's MNIST runs used 500 tanh units, Adagrad and batches of 100.) Change a value here and
-both twins change together.
+1e-3, batch 128. (The paper's MNIST runs used 500 tanh units, Adagrad and batches of 100.)
+Change a value here and both twins change together.
 """
 WIDTH = 400  # the width (--width): units of the encoder's and the decoder's hidden layer
 LATENT = 20
