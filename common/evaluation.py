@@ -140,6 +140,8 @@ def evaluate(cfg, trainer, log=print) -> dict:
         # ("folder" has no test split: its first training images, as many as asked)
         pool = count if cfg.dataset == "folder" else MNIST_TEST_IMAGES
         test = random_subset(datasets.fixed_test_images(cfg, pool), count)
+        if len(test) < count:  # a --data-dir with fewer test images: the bounds say on how many
+            results["bound_images"] = len(test)
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
     shown = ", ".join(f"{k} {figure(v)}" for k, v in results.items() if k != "samples")
     if shown:  # none where no sample metric applies (said above)

@@ -99,6 +99,20 @@ def test_a_test_split_of_another_image_size_is_refused_in_one_line(framework, tm
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_bounds_on_fewer_test_images_than_asked_say_how_many(framework, tmp_path, capsys):
+    """--evaluate 100 on a --data-dir with 64 test images: the samples are 100, the bounds were
+    measured on the 64 there are, and the summary used to say only "samples": 100."""
+    data_dir = write_idx_mnist(tmp_path, {"train": 28, "t10k": 28})
+    summary = train(framework, tmp_path / "run", "--data-dir", str(data_dir), "--iters", "2", "--width", "8",
+                    "--batch-size", "8", "--data-limit", "64", "--no-tensorboard", "--evaluate", "100",
+                    "--iwae-k", "2")
+    metrics = summary["metrics"]
+    assert metrics["samples"] == 100 and metrics["bound_images"] == 64, metrics
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"] == metrics
+    assert "bound_images 64" in capsys.readouterr().out
+
+
 def checkpoint_tensors(path):
     """Every array in a checkpoint, flattened to {name: numpy}, whichever the framework."""
     if path.suffix == ".npz":
