@@ -268,8 +268,10 @@ def parse_args(model: str, framework: str, argv=None) -> RunConfig:
     if entry.images_only and cfg.dataset in POINT_DATASETS:
         raise UsageError(f"{entry.images_only}; --dataset {cfg.dataset} is 2-D points: use mnist, "
                          "fashion-mnist, cifar10 or folder (the MLP GANs take the mixtures)")
-    if hasattr(entry.hparams, "validate"):  # a model's own checks (WGAN-GP: the batch splits in 5)
-        entry.hparams.validate(cfg)
+    if hasattr(entry.hparams, "validate"):  # a model's own checks (WGAN-GP: the batch splits in 5,
+        entry.hparams.validate(cfg)         # and among --replicas part by part)
+    if cfg.replicas:  # now, not after N devices and their networks are built (fit checks the rest)
+        distributed.check_batch(cfg.batch_size, cfg.replicas)
     return cfg
 
 
@@ -291,8 +293,6 @@ def validate(cfg: RunConfig) -> None:
     if cfg.replicas and cfg.distribute != "mirrored":
         raise UsageError("--replicas N goes with --distribute mirrored (multi-worker: one replica per "
                          "worker's device, the workers listed in TF_CONFIG)")
-    if cfg.replicas:  # now, not after N devices and their networks are built (fit checks the rest)
-        distributed.check_batch(cfg.batch_size, cfg.replicas)
     if cfg.sync_bn and cfg.framework == "tensorflow" and not cfg.distribute:
         raise UsageError("--sync-bn synchronises batch norm across replicas: add --distribute")
     if cfg.xla and cfg.distribute:

@@ -193,6 +193,25 @@ def test_data_parallel_flags_that_do_not_go_together_are_refused(framework, flag
         parse_args("dcgan", framework, flags)
 
 
+@pytest.mark.parametrize("model,flags,words", [
+    # the count the user must use, the first time: 320 was sent to "a multiple of 3" and then,
+    # once the networks were built, to 15 (and a ring batch of 126 to 4)
+    ("wgan_gp", ["--replicas", "3", "--batch-size", "320"],
+     "3 replicas x 5 parts of each step's batch: use a multiple of 15"),
+    ("vanilla_gan", ["--replicas", "2", "--dataset", "ring8", "--batch-size", "126"],
+     "2 replicas x packs of 2 samples: use a multiple of 4"),
+    ("lsgan", ["--replicas", "2", "--dataset", "grid25", "--batch-size", "126"],
+     "2 replicas x packs of 2 samples: use a multiple of 4"),
+])
+def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_as_the_flags_are_read(
+        model, flags, words):
+    from common.config import parse_args
+    from common.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(words)):
+        parse_args(model, "tensorflow", ["--distribute", "mirrored", *flags])
+
+
 @pytest.mark.parametrize("flags,tf_config,words", [
     (["--distribute", "mirrored"], None, "needs --replicas N"),
     (["--distribute", "multi-worker"], "", "TF_CONFIG, which is not set"),

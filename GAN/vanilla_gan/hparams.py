@@ -64,3 +64,6 @@ def validate(cfg) -> None:
     if cfg.dataset in POINT_DATASETS and cfg.batch_size % POINT_PACK:
         raise UsageError(f"--batch-size {cfg.batch_size} is not a multiple of {POINT_PACK}: on the 2-D "
                          f"mixtures D judges samples in packs of {POINT_PACK}")
+    if cfg.dataset in POINT_DATASETS and cfg.replicas:  # TensorFlow --replicas N: packs within each share
+        from common.distributed import check_batch
+        check_batch(cfg.batch_size, cfg.replicas, pack=POINT_PACK)
