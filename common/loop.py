@@ -260,6 +260,13 @@ class StepClock:
 
     def restart(self):
         self.started, self.excluded = time.perf_counter(), 0.0
+        self.warm = None
+
+    def mark_warm(self):
+        """After a process's first step (tracing, compiling, allocator warm-up): the first
+        interval's steady rate is read from here, for a run too short for a second interval."""
+        self.session.synchronize()
+        self.warm = (time.perf_counter(), self.excluded)
 
     @contextlib.contextmanager
     def paused(self):
@@ -272,6 +279,12 @@ class StepClock:
 
     def ms_per_step(self, steps: int) -> float:
         return 1000.0 * (time.perf_counter() - self.started - self.excluded) / steps
+
+    def ms_per_step_since_warm(self, steps: int) -> float | None:
+        if self.warm is None or steps < 1:
+            return None
+        started, excluded_before = self.warm
+        return 1000.0 * (time.perf_counter() - started - (self.excluded - excluded_before)) / steps
 
 
 class Progress:
@@ -310,6 +323,7 @@ class IntervalLog:
         self.monitor = Monitor(cfg, log)
         self.steps: list[dict] = []  # still on the device
         self.step_ms: list[float] = []  # one per closed interval
+        self.warm_step_ms = None  # the first interval's, less the process's first step
         self.last_row: dict = {}
 
     def add(self, metrics: dict):
@@ -321,6 +335,8 @@ class IntervalLog:
     def close(self, step: int, finishing: bool):
         rows = self.read_steps()
         step_ms = self.clock.ms_per_step(len(rows))
+        if not self.step_ms:
+            self.warm_step_ms = self.clock.ms_per_step_since_warm(len(rows) - 1)
         self.step_ms.append(step_ms)
         means = {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
         skipped = int(round(means.pop("skipped", 0.0) * len(rows)))
@@ -358,9 +374,12 @@ class IntervalLog:
         return self.monitor.diverged
 
     def median_step_ms(self) -> float | None:
-        """The first interval of a process includes graph tracing and allocator warm-up."""
-        steady = self.step_ms[1:] if len(self.step_ms) > 1 else self.step_ms
-        return statistics.median(steady) if steady else None
+        """The median over the process's intervals but its first, which includes graph tracing
+        and allocator warm-up; with one interval (a short run, a resume near the end), that
+        interval's steps after the first (None for a one-step process: no steady figure)."""
+        if len(self.step_ms) > 1:
+            return statistics.median(self.step_ms[1:])
+        return self.warm_step_ms
 
 
 class ProfileWindow:
@@ -465,12 +484,14 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
 
 
 def summarize(cfg: RunConfig, session: Session, step: int, log_interval: IntervalLog,
-              stopped_early: bool) -> dict:
+              stopped_early: bool, start_step: int) -> dict:
     median_ms = log_interval.median_step_ms()
     return {
         "model": cfg.model, "framework": cfg.framework, "step": step, "iters": cfg.iters,
         "batch_size": cfg.batch_size, "median_step_ms": median_ms,
         "samples_per_s": cfg.batch_size * 1000.0 / median_ms if median_ms else None,
+        # the timing and the peak memory are this process's: a resumed run's since it resumed
+        "timed_from_step": start_step,
         "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": log_interval.skipped_total,
         "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
         "replicas": session.replicas.count,
@@ -480,7 +501,8 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
     }
 
 
-def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, log_interval: IntervalLog):
+def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, log_interval: IntervalLog,
+                  start_step: int):
     """Save the state the losses went inf/NaN in (under a name --resume does not pick), write
     the summary, and end the run with one line."""
     monitor = log_interval.monitor
@@ -488,7 +510,7 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
     if run.writable:
         session.checkpoints.save(path, {"step": step, "skipped_total": log_interval.skipped_total,
                                         "model": cfg.model})
-    summary = summarize(cfg, session, step, log_interval, stopped_early=False)
+    summary = summarize(cfg, session, step, log_interval, stopped_early=False, start_step=start_step)
     run.write_summary({**summary, "stopped": f"losses inf/NaN since step {monitor.nonfinite_since}"})
     good = run.latest_checkpoint()
     advice = (f"--resume continues from the last good checkpoint (step {good[0]})" if good
@@ -540,6 +562,8 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             if cfg.precision_report and step == start_step:
                 log(format_precision_report(session.precision_report(indices), session.precision))
             log_interval.add(session.train_step(indices))
+            if step == start_step:
+                clock.mark_warm()
             step += 1
             profile.after(step)
             stop_signal = session.stop_signal(stop.requested or 0)  # the same on every replica
@@ -559,10 +583,10 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
 
     if diverged:
         try:
-            stop_diverged(cfg, run, session, step, log_interval)
+            stop_diverged(cfg, run, session, step, log_interval, start_step)
         finally:
             session.replicas.wait_for_writer()
-    summary = summarize(cfg, session, step, log_interval, stopped_early)
+    summary = summarize(cfg, session, step, log_interval, stopped_early, start_step)
     if step == start_step:  # nothing trained in this process (say, evaluating a finished run)
         try:
             previous = read_json(run.path / "summary.json")
@@ -587,9 +611,10 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             summary["metrics_over_draws"] = summary["metrics"].pop("draws")
         board.metrics(summary["metrics"], step)
         run.write_summary(summary)
-    if log_interval.median_step_ms() is not None:  # this process trained: the figures are its own
-        log(f"done: step {step}, median {summary['median_step_ms']:.2f} ms/step "
-            f"({summary['samples_per_s']:.0f} samples/s), peak memory "
+    if log_interval.step_ms:  # this process trained: the figures are its own
+        speed = ("no steady step time (one step)" if summary["median_step_ms"] is None else
+                 f"median {summary['median_step_ms']:.2f} ms/step ({summary['samples_per_s']:.0f} samples/s)")
+        log(f"done: step {step}, {speed}, peak memory "
             f"{summary['peak_memory_mb']:.0f} MB, {summary['skipped_steps']} skipped steps; "
             f"samples in {run.samples}")
     return summary

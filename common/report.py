@@ -24,11 +24,8 @@ from common import cpu  # noqa: E402
 from common.config import POINT_DATASETS  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.evaluation import figure  # noqa: E402
-from common.runs import RunFolder, atomic_write  # noqa: E402
+from common.runs import NOT_LOSSES, RunFolder, atomic_write  # noqa: E402
 
-# what a history row holds besides the losses: step, loss scaling, time, and (float16) the
-# steps a scaler skipped and those whose losses were not finite
-NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms", "skipped_at", "nonfinite_steps")
 SAMPLE_NAME = re.compile(r"^step_(\d{6,})\.png$")  # prior samples, not the VAE's _recon grids
 
 

@@ -27,6 +27,9 @@ from common.errors import CheckpointError, UsageError, UserError, first_line
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(pt|npz)$")
 KEEP_CHECKPOINTS = 2
+# what a history row holds besides the losses: step, loss scaling, time, and (float16) the
+# steps a scaler skipped and those whose losses were not finite
+NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms", "skipped_at", "nonfinite_steps")
 # What a run writes in its folder (the listing above, and the temporary files of atomic_write
 # and sampling.fixed_noise): what --overwrite deletes.
 RUN_ENTRY = re.compile(r"(config\.json|history\.jsonl|summary\.json|fixed_noise\.npy|initial_weights\.npz"

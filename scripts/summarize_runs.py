@@ -15,11 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import cpu, flags
 from common.errors import UserError, exit_on_user_error
 from common.flags import OneLineErrorParser
-from common.runs import read_json
+from common.runs import NOT_LOSSES, read_json
 
 COLUMNS = ("run folder", "model", "data", "precision", "device", "steps", "median ms/step", "samples/s",
            "peak MB", "skipped", "final losses")
-NOT_LOSSES = ("loss_scale", "skipped", "skipped_total")
 
 
 def number(value, digits: int) -> str:

@@ -315,6 +315,14 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     assert "| vanilla_gan tensorflow | mnist | fp32 | cpu | 2 | 1.00 |" in out
+    summary = json.loads((folders["tensorflow"] / "summary.json").read_text())  # what a float16 run adds
+    (folders["tensorflow"] / "summary.json").write_text(json.dumps(
+        {**summary, "final": {"d_loss": 1.0, "loss_scale": 512.0, "skipped": 0, "skipped_total": 1,
+                              "nonfinite_steps": 3}}))
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "vanilla_gan tensorflow" in line]
+    assert row.endswith("| 0 | d_loss 1.000 |"), row  # its losses alone, as compare's report
+    (folders["tensorflow"] / "summary.json").write_text(json.dumps(summary))
     assert out.endswith("\nCPU: not recorded (a run from before summary.json kept it)\n")
     # rows that looked alike: each names its folder, and a run of replicas or one stopped says so
     stopped = json.loads((folders["tensorflow"] / "summary.json").read_text())
