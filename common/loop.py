@@ -226,6 +226,7 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, 
     if meta.get("nonfinite") and meta["step"] < cfg.iters:
         raise CheckpointError(f"checkpoint {path} holds inf/NaN in {meta['nonfinite']}: training on from it "
                               "cannot recover; delete it to resume from the one before")
+    run.write_resumed_config(meta["step"], cfg.iters)
     run.truncate_history(meta["step"])
     log(f"resumed from {path} at step {meta['step']}")
     if "warning" in meta:

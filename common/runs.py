@@ -35,6 +35,10 @@ NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms", "skip
 RUN_ENTRY = re.compile(r"(config\.json|history\.jsonl|summary\.json|fixed_noise\.npy|initial_weights\.npz"
                        r"|samples|checkpoints|profile|events\.out\.tfevents\..+|fixed_noise\.npy\.tmp"
                        r"|\.(config\.json|history\.jsonl|summary\.json|initial_weights\.npz)\.tmp-\d+)")
+# ... and what it writes inside its samples/ and checkpoints/ (with atomic_write's temporary files)
+FOLDER_ENTRY = {"samples": re.compile(r"step_\d{6,}(_recon)?\.png"),
+                "checkpoints": re.compile(r"(diverged_)?step_\d{6,}\.(pt|npz)"
+                                          r"|\.(diverged_)?step_\d{6,}\.(pt|npz)\.tmp-\d+")}
 BATCH_STREAM = 11  # numpy stream for the batch order, apart from the fixed noise's
 
 
@@ -190,6 +194,7 @@ class RunFolder:
         # resume from), and what they would write, rank 0 writes.
         self.writable = writable
         self.version_change = None  # under --resume: the libraries' versions, when they changed
+        self.resumed_config = None  # under --resume: config.json to write once the checkpoint has loaded
         self.samples = self.path / "samples"
         self.checkpoints = self.path / "checkpoints"
         self.history_file = self.path / "history.jsonl"
@@ -213,21 +218,36 @@ class RunFolder:
             if run.read_config() is None:
                 raise UsageError(f"{run.path} is not empty and holds no run (no config.json a run "
                                  "wrote): --overwrite only replaces a run; name a new or empty --out")
+            if not cfg.overwrite and run.latest_checkpoint() is None:  # --resume could not continue it
+                raise UsageError(f"{run.path} already holds a run, stopped before its first checkpoint: "
+                                 "pass --overwrite to start it over, or --out for a new folder")
             if not cfg.overwrite:
                 raise UsageError(f"{run.path} already holds a run: pass --resume to continue it, "
                                  "--overwrite to start over, or --out for a new folder")
             run.clear()
-        # config.json first: a run killed right after it is still known as a run. A --resume
-        # with nothing left to train (scripts/evaluate.py measuring a run) keeps the one the
-        # training wrote: its --iters and the flags it was not given would replace the run's
-        # own, and compare.py --reuse or quality_table.py would then refuse or retrain the run.
+        # config.json first: a run killed right after it is still known as a run. Under --resume
+        # it waits for the checkpoint to load (write_resumed_config): a resume refused for its
+        # checkpoint would have left the command's flags (its --iters) on a run that never ran them.
         run.path.mkdir(parents=True, exist_ok=True)
-        if not (cfg.resume and run.latest_checkpoint()[0] >= cfg.iters):
-            atomic_write(run.path / "config.json",
-                         lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
+        if cfg.resume:
+            run.resumed_config = config
+        else:
+            run.write_config(config)
         run.samples.mkdir(exist_ok=True)
         run.checkpoints.mkdir(exist_ok=True)
         return run
+
+    def write_config(self, config: dict) -> None:
+        atomic_write(self.path / "config.json",
+                     lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
+
+    def write_resumed_config(self, step: int, iters: int) -> None:
+        """Under --resume, once its checkpoint (of `step`) has loaded: the command's settings.
+        A resume with nothing left to train (scripts/evaluate.py measuring a run) keeps the
+        ones the training wrote: its --iters and the flags it was not given would replace the
+        run's own, and compare.py --reuse or quality_table.py would then refuse or retrain it."""
+        if self.writable and self.resumed_config is not None and step < iters:
+            self.write_config(self.resumed_config)
 
     def read_config(self) -> dict | None:
         """The config.json a run of this repository wrote here, or None when there is none
@@ -253,6 +273,14 @@ class RunFolder:
         for child in sorted(self.path.iterdir()):
             if not RUN_ENTRY.fullmatch(child.name):
                 kept.append(child.name)
+            elif child.name in FOLDER_ENTRY and child.is_dir() and not child.is_symlink():
+                for entry in sorted(child.iterdir()):  # a file the user put there stays too
+                    if FOLDER_ENTRY[child.name].fullmatch(entry.name) and not entry.is_dir():
+                        entry.unlink()
+                    else:
+                        kept.append(f"{child.name}/{entry.name}")
+                if not any(child.iterdir()):
+                    child.rmdir()
             elif child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
@@ -286,8 +314,8 @@ class RunFolder:
             raise CheckpointError(f"--resume with other settings than the run in {self.path} "
                                   f"({changes}); use the run's settings or a new --out")
         if self.latest_checkpoint() is None:
-            raise CheckpointError(f"nothing to resume in {self.path}: no checkpoint yet; "
-                                  "start without --resume")
+            raise CheckpointError(f"nothing to resume in {self.path}: it stopped before its first checkpoint; "
+                                  "start it over with --overwrite instead of --resume")
         return self._keep_earlier_versions(saved, config)
 
     def _keep_earlier_versions(self, saved: dict, config: dict) -> dict:

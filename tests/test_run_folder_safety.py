@@ -67,12 +67,18 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
     (run / "mydata").mkdir()
     (run / "mydata" / "train-images-idx3-ubyte").write_text("x")
     (run / "samples" / "step_000099.png").write_text("x")
+    (run / "samples" / "my_notes.txt").write_text("x")  # kept too, in the run's own folders
+    (run / "checkpoints" / "best_keep.pt").write_text("x")
+    (run / "checkpoints" / ".step_000007.pt.tmp-12").write_text("x")  # a killed save's leftover
     refused(capsys, "already holds a run", run, code=2)
     capsys.readouterr()
     train(run, "--overwrite", "--iters", "1")  # the run is replaced, all of it, and nothing else
-    assert "--overwrite: kept mydata, notes.txt in" in capsys.readouterr().out
+    assert ("--overwrite: kept checkpoints/best_keep.pt, mydata, notes.txt, samples/my_notes.txt in"
+            in capsys.readouterr().out)
     assert (run / "notes.txt").read_text() == "x" and (run / "mydata" / "train-images-idx3-ubyte").exists()
-    assert sorted(p.name for p in (run / "samples").iterdir()) == ["step_000000.png", "step_000001.png"]
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["my_notes.txt", "step_000000.png",
+                                                                  "step_000001.png"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best_keep.pt", "step_000001.pt"]
     assert json.loads((run / "config.json").read_text())["iters"] == 1
 
 

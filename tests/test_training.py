@@ -212,6 +212,18 @@ def test_an_existing_run_is_not_clobbered(tmp_path, capsys):
     train("pytorch", out, "--iters", "2", "--overwrite")  # explicit: allowed
 
 
+def test_a_run_killed_before_its_first_checkpoint_is_sent_to_overwrite_by_both_messages(tmp_path, capsys):
+    """--resume said "start without --resume", and without it "pass --resume": a loop."""
+    out = tmp_path / "run"
+    train("pytorch", out, "--iters", "2")
+    for path in (out / "checkpoints").iterdir():  # as if killed before its first checkpoint
+        path.unlink()
+    expect_exit(1, "stopped before its first checkpoint; start it over with --overwrite", capsys, "pytorch", out,
+                "--iters", "2", "--resume")
+    expect_exit(2, "stopped before its first checkpoint: pass --overwrite to start it over", capsys, "pytorch",
+                out, "--iters", "2")
+
+
 def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
     out = tmp_path / "run"
     expect_exit(1, "nothing to resume", capsys, "pytorch", out, "--iters", "2", "--resume")
@@ -226,7 +238,11 @@ def test_a_corrupt_checkpoint_is_one_clear_error(framework, tmp_path, capsys):
     train(framework, out, "--iters", "2")
     suffix = "pt" if framework == "pytorch" else "npz"
     (out / "checkpoints" / f"step_000002.{suffix}").write_bytes(b"not a checkpoint")
-    expect_exit(1, "is unreadable", capsys, framework, out, "--iters", "4", "--resume")
+    settings = (out / "config.json").read_bytes()
+    expect_exit(1, "is unreadable", capsys, framework, out, "--iters", "4", "--resume", "--clip-grad-norm", "1")
+    # the refused resume left the run's settings: config.json said --iters 4 and the clipping,
+    # which no step had run under (the summary said 2)
+    assert (out / "config.json").read_bytes() == settings
 
 
 def test_a_tensorflow_checkpoint_from_before_the_counted_noise_loads_with_a_warning(tmp_path, capsys):
