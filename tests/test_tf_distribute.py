@@ -241,6 +241,25 @@ def test_a_strategy_that_cannot_start_is_refused_before_tensorflow_sees_it(monke
         runtime.start_replicas(parse_args("vanilla_gan", "tensorflow", flags), "cpu")
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_tensorflow_script_under_torchrun_is_refused(rank, tmp_path, monkeypatch, capsys):
+    """torchrun --nproc-per-node 2 gan_tensorflow.py: each process trained the whole job alone,
+    both into one run folder (history rows twice), with exit status 0. One line, from rank 0."""
+    from GAN.vanilla_gan import gan_tensorflow
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as exit_info:
+        gan_tensorflow.main(["--out", str(tmp_path / "run"), "--iters", "2", *FAST])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    if rank == "0":
+        assert err.startswith("error: torchrun launches PyTorch's replicas") and "\n" not in err, err
+    else:
+        assert err == ""
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_data_parallel_flag_error_is_one_line_from_the_script(tmp_path):
     """The whole path, in a process of its own: the batch refused as the flags are read."""
     result = run_script(SCRIPTS["vanilla_gan"], *MIRRORED[:-1], "3", "--iters", "1", "--out", str(tmp_path / "run"),

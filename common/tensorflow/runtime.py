@@ -316,6 +316,11 @@ class Runtime:
 def setup(cfg: RunConfig, log=print) -> Runtime:
     """Pick the device, start the replicas (--distribute), seed everything, set the global
     dtype policy."""
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):  # torchrun's: each process trained the whole
+        # job alone, all of them into one run folder
+        raise UsageError("torchrun launches PyTorch's replicas; run a TensorFlow script once, with --distribute "
+                         "mirrored --replicas N, or --distribute multi-worker under TF_CONFIG",
+                         quiet=os.environ.get("RANK", "0") != "0")
     if cfg.device == "cuda" and not _GPUS:
         raise UsageError("--device cuda, but TensorFlow sees no GPU; use --device cpu")
     if cfg.device == "cpu" and _GPUS:
