@@ -358,6 +358,42 @@ def test_ctrl_c_or_sigterm_checkpoints_the_current_step_and_resume_finishes(sign
     assert json.loads((out / "config.json").read_text())["iters"] == step + 4  # a resume that trains records its flags
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_to_the_process_group_stops_a_run_with_data_loader_workers_cleanly(signum, tmp_path):
+    """`kill -TERM -- -PGID` (a job scheduler's stop) reaches --workers' DataLoader processes
+    too: one it killed made PyTorch raise "DataLoader worker ... is killed by signal" at once,
+    mid-step (a traceback, no checkpoint under torchrun) or at exit ("Exception ignored")."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "run"
+    command = [sys.executable, str(REPO / "GAN/vanilla_gan/gan_pytorch.py"), "--out", str(out),
+               *TINY, "--iters", "200000", "--checkpoint-every", "0", "--sample-every", "0", "--workers", "1"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "history.jsonl").exists():  # the first row: the loop is running
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        os.killpg(process.pid, signum)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert "checkpoint saved" in stdout
+    (step, checkpoint), = RunFolder(out).list_checkpoints()
+    assert 0 < step < 200000
+
+
 def is_matrix_product(operation: str) -> bool:
     """Any kernel of the family, whichever the CPU gets: aten::mm / addmm / linear, MatMul,
     oneDNN's _MklMatMul and fused variants, XLA dot."""

@@ -2,6 +2,7 @@
 (common/tensorflow/data.py is the twin)."""
 from __future__ import annotations
 
+import os
 import signal
 
 import numpy as np
@@ -59,11 +60,14 @@ def _as_is(batch):
     return batch
 
 
-def _leave_ctrl_c_to_the_loop(worker_id: int) -> None:
-    """A terminal's Ctrl-C reaches the whole process group: a worker it killed made the
-    DataLoader raise at the next batch, or inside the checkpoint the loop was saving for the
-    Ctrl-C, and none was written. The workers ignore SIGINT; the loop stops them. (Not
-    SIGTERM: Python's exit stops a live loader's workers with it.)"""
+def _leave_stop_signals_to_the_loop(worker_id: int) -> None:
+    """A terminal's Ctrl-C, and `kill -- -PGID` (a job scheduler's stop), reach the whole
+    process group: a worker they killed made the DataLoader raise at once, mid-step (PyTorch's
+    SIGCHLD handler), or inside the checkpoint the loop was saving for the signal, and none was
+    written. The workers leave the group, and ignore a SIGINT sent to them alone; the loop
+    stops them. (SIGTERM sent to a worker itself still ends it: Python's exit stops a live
+    loader's workers so.)"""
+    os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -83,7 +87,7 @@ class HostLoader(DeviceData):
             _Rows(self.x.numpy()), batch_sampler=[local(batch) for batch in order.batches(start_step, stop_step)],
             collate_fn=_as_is, num_workers=self.workers, persistent_workers=True,
             pin_memory=self.device.type == "cuda", prefetch_factor=4,
-            worker_init_fn=_leave_ctrl_c_to_the_loop,
+            worker_init_fn=_leave_stop_signals_to_the_loop,
             generator=torch.Generator())  # its worker seed must not be drawn from the training RNG
         self._batches = iter(loader)
 
