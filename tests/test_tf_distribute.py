@@ -282,16 +282,43 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def start_workers(script: str, *flags: str) -> list[subprocess.Popen]:
+def start_workers(script: str, *flags: str, indices=(0, 1), env=None) -> list[subprocess.Popen]:
+    """A two-worker cluster on 127.0.0.1; `indices`: the workers of it started."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     processes = []
-    for index in range(2):
+    for index in indices:
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         processes.append(subprocess.Popen(
             [sys.executable, str(REPO / script), "--distribute", "multi-worker", *flags], cwd=REPO,
-            env={**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONUNBUFFERED": "1", **(env or {})},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
     return processes
+
+
+def test_a_worker_whose_peers_never_join_gives_up_in_one_line(tmp_path):
+    """TensorFlow waits for the cluster with no end, holding the GIL and taking SIGTERM as a
+    pre-emption notice: a worker started alone outlived `timeout` (SIGTERM) for 11 minutes."""
+    run = tmp_path / "run"
+    (process,) = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), "--iters", "2", *FAST, indices=(0,),
+                               env={"AMPGEN_JOIN_TIMEOUT_S": "3"})
+    ((code, _, err, seconds),) = finish([process], timeout=120)
+    assert code == -signal.SIGKILL, err[-2000:]
+    ours = [line for line in err.splitlines() if line.startswith("error:")]
+    assert ours == ["error: the 2 workers of TF_CONFIG did not all join within 3 s (each one started, with its "
+                    "own index and a free port?); AMPGEN_JOIN_TIMEOUT_S waits longer"], err[-2000:]
+    assert seconds < 60 and not run.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "soon", "nan"])
+def test_a_join_timeout_that_is_not_a_number_of_seconds_is_refused(value, monkeypatch):
+    from common.config import parse_args
+    from common.errors import UsageError
+    from common.tensorflow import runtime
+
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
+    monkeypatch.setenv("AMPGEN_JOIN_TIMEOUT_S", value)
+    with pytest.raises(UsageError, match="AMPGEN_JOIN_TIMEOUT_S must be a number of seconds above 0"):
+        runtime.start_replicas(parse_args("vanilla_gan", "tensorflow", ["--distribute", "multi-worker"]), "cpu")
 
 
 def finish(processes: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[tuple[int, str, str, float]]:

@@ -23,8 +23,11 @@ keeps per-replica statistics, or all-reduces them with --sync-bn
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -40,6 +43,19 @@ _GPUS = tf.config.list_physical_devices("GPU")
 
 # How long a worker waits for the others at a collective before it gives up with one line.
 REPLICA_TIMEOUT_S = 600
+# ... and for them to join at the start ($AMPGEN_JOIN_TIMEOUT_S overrides): TensorFlow's own wait
+# has no end, holds the GIL (no Python timer fires) and takes SIGTERM for a pre-emption notice.
+JOIN_TIMEOUT_S = 600
+
+# A process beside the joining worker: unless the worker closes the pipe (joined, or gone) in
+# time, it says so in one line and kills the worker.
+_JOIN_WATCHDOG = """
+import os, select, signal, sys
+pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if not select.select([sys.stdin], [], [], seconds)[0]:
+    print(message, file=sys.stderr, flush=True)
+    os.kill(pid, signal.SIGKILL)
+"""
 
 
 def describe_tensorflow() -> str:
@@ -252,10 +268,35 @@ def start_replicas(cfg: RunConfig, device_type: str) -> Replicas:
     cluster = _read_tf_config()
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=REPLICA_TIMEOUT_S)
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        with _given_up_after(_join_timeout_s(), len(cluster["cluster"]["worker"])):
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
         raise UserError(f"could not join the other workers ({first_line(error)})") from None
     return Replicas(strategy, rank=cluster["task"]["index"], workers=len(cluster["cluster"]["worker"]))
+
+
+def _join_timeout_s() -> float:
+    text = os.environ.get("AMPGEN_JOIN_TIMEOUT_S", "")
+    try:
+        seconds = float(text) if text else JOIN_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < 1e7:
+        raise UsageError(f"AMPGEN_JOIN_TIMEOUT_S must be a number of seconds above 0, got {text!r}")
+    return seconds
+
+
+@contextlib.contextmanager
+def _given_up_after(seconds: float, workers: int):
+    message = (f"error: the {workers} workers of TF_CONFIG did not all join within {seconds:g} s (each one "
+               "started, with its own index and a free port?); AMPGEN_JOIN_TIMEOUT_S waits longer")
+    watchdog = subprocess.Popen([sys.executable, "-c", _JOIN_WATCHDOG, str(os.getpid()), str(seconds), message],
+                                stdin=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        watchdog.stdin.close()
+        watchdog.wait()
 
 
 _CLUSTER_FORM = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}'
