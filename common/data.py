@@ -569,13 +569,15 @@ def _write_cache_atomically(path: Path, **arrays: np.ndarray) -> None:
             temporary = Path(file.name)
             np.savez(file, **arrays)
         os.replace(temporary, path)
+        temporary = None
     except OSError as exc:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
         warnings.warn(
             f"could not write the cache file {path} ({_reason(exc)}); the data will be parsed again next time",
             stacklevel=3,
         )
+    finally:  # a Ctrl-C mid-write too: it left the temporary file, up to the cache's 47 MB
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------

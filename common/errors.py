@@ -64,10 +64,13 @@ def described(error: BaseException) -> str:
 def file_system_problem(error: BaseException) -> str | None:
     """One line for an OSError the file system raised (not a folder, read-only, disk full, no
     permission), naming the path where the error has one; None for anything else."""
-    if not isinstance(error, OSError) or error.errno not in FILE_SYSTEM_ERRNOS:
+    # a library may raise its own error over the OS's (torch.save on a full disk: "[enforce fail
+    # at inline_container.cc] unexpected pos"), which Python keeps as the context
+    os_error = error if isinstance(error, OSError) else error.__context__
+    if not isinstance(os_error, OSError) or os_error.errno not in FILE_SYSTEM_ERRNOS:
         return None
-    reason = error.strerror or str(error)
-    path = error.filename or _file_being_written(error)
+    reason = os_error.strerror or str(os_error)
+    path = os_error.filename or _file_being_written(os_error) or _file_being_written(error)
     return f"{path}: {reason}" if path else f"cannot write the output: {reason}"
 
 
@@ -136,13 +139,40 @@ def exit_on_user_error(main):
             return main(*args, **kwargs)
         except UserError as error:
             if not error.quiet:
-                sys.stderr.write(f"error: {error}\n")
+                _say(f"error: {error}")
             sys.exit(error.exit_code)
+        except KeyboardInterrupt:  # a Ctrl-C outside a training loop, or a second one inside it
+            _say("error: interrupted")
+            sys.exit(130)
+        except BrokenPipeError:  # the output's reader has gone (`| head`): stop quietly, as Unix tools do
+            _silence_stdout()
+            sys.exit(128 + signal.SIGPIPE)
         except Exception as error:
             line = file_system_problem(error) or out_of_memory_problem(error)
             if line is None:
                 raise
-            sys.stderr.write(f"error: {line}\n")
+            _say(f"error: {line}")
             sys.exit(1)
 
     return wrapper
+
+
+def _say(line: str) -> None:
+    """The one line, on stderr where there is one (`2>&-` leaves none)."""
+    if sys.stderr is not None:
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr closed or its reader gone: the exit status says it
+            pass
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail on the closed
+    pipe once more (with its own "Exception ignored" lines)."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -42,6 +42,10 @@ class Session(Protocol):
     def start(self, order: BatchOrder, start_step: int, stop_step: int) -> None:
         """Before the first step: a host loader starts gathering batches in this order."""
 
+    def stop_loading(self) -> None:
+        """After the last step, a stop or an error: a host loader's workers end (PyTorch's
+        processes hold the run folder's lock too, inherited)."""
+
     def upload_indices(self, permutation: np.ndarray) -> Any:
         """One epoch's batch order onto the device (once per epoch, not per step)."""
 
@@ -226,7 +230,6 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, 
     if meta.get("nonfinite") and meta["step"] < cfg.iters:
         raise CheckpointError(f"checkpoint {path} holds inf/NaN in {meta['nonfinite']}: training on from it "
                               "cannot recover; delete it to resume from the one before")
-    run.write_resumed_config(meta["step"], cfg.iters)
     run.truncate_history(meta["step"])
     log(f"resumed from {path} at step {meta['step']}")
     if "warning" in meta:
@@ -293,7 +296,9 @@ class Progress:
 
     def __init__(self, cfg: RunConfig, start_step: int, log, shown: bool = True):
         self.cfg, self.log = cfg, log
-        # disable=None: a bar on a terminal only; none on the replicas that do not write
+        # disable=None: a bar on a terminal only; none on the replicas that do not write, nor
+        # where stderr is closed (`2>&-`: tqdm failed on it)
+        shown = shown and sys.stderr is not None
         self.bar = tqdm(total=cfg.iters, initial=start_step, disable=None if shown else True, dynamic_ncols=True,
                         desc=f"{cfg.model} {cfg.framework}", leave=True)
         self.quiet_every = max(cfg.log_every, cfg.iters // 10)
@@ -532,6 +537,7 @@ def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, l
     try:
         return train_from(cfg, run, session, num_examples, board, start_step, skipped_total, log)
     finally:
+        session.stop_loading()
         board.close()  # the last events reach the file after a Ctrl-C, a divergence or an error too
 
 
@@ -545,6 +551,7 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
 
     if run.writable:
         sampling.check_fixed_noise(run.path)  # now, not at the first grid, steps later
+        run.write_resumed_config(start_step, cfg.iters)  # a resume found sound: the command's settings
     if start_step == 0 and cfg.sample_every and run.writable:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from
         board.samples(0)

@@ -12,10 +12,12 @@ runs/<model>/<framework>-<precision>/
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
+import weakref
 from pathlib import Path
 from typing import Protocol
 
@@ -187,6 +189,25 @@ def settings_as_today(saved: dict) -> dict:
     return saved
 
 
+class _FolderLock:
+    """An exclusive flock on a run folder, held while a RunFolder of this process holds it."""
+
+    def __init__(self, path: str):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UserError(f"{path} is in use by another process (a run training or being evaluated there): "
+                            "wait for it to end, or use another --out") from None
+        weakref.finalize(self, os.close, fd)  # released with the last RunFolder that holds it, or at exit
+
+
+# This process's locks, by folder: a second run in one process (a test, a resume after a refusal)
+# shares the lock the first may still hold; another process is refused.
+_FOLDER_LOCKS: weakref.WeakValueDictionary[str, _FolderLock] = weakref.WeakValueDictionary()
+
+
 class RunFolder:
     def __init__(self, path: Path, writable: bool = True):
         self.path = Path(path)
@@ -195,15 +216,19 @@ class RunFolder:
         self.writable = writable
         self.version_change = None  # under --resume: the libraries' versions, when they changed
         self.resumed_config = None  # under --resume: config.json to write once the checkpoint has loaded
+        self._lock = None
         self.samples = self.path / "samples"
         self.checkpoints = self.path / "checkpoints"
         self.history_file = self.path / "history.jsonl"
 
     @classmethod
     def prepare(cls, cfg: RunConfig, precision: str, details: dict) -> "RunFolder":
-        """Create (or, with --resume, reopen) the run folder; never clobber a run silently."""
+        """Create (or, with --resume, reopen) the run folder; never clobber a run silently, nor
+        share it with another process: two at once interleaved their history rows (both exit 0)."""
         run = cls(run_dir_for(cfg, precision))
         config = {**json.loads(cfg.to_json()), "precision": precision, **details}
+        if run.path.is_dir():  # before anything in it is read
+            run.lock()
         if cfg.resume:
             for folder in (run.samples, run.checkpoints):  # before anything is read or written
                 if (folder.exists() or folder.is_symlink()) and not folder.is_dir():  # a file, a dangling link
@@ -219,16 +244,19 @@ class RunFolder:
                 raise UsageError(f"{run.path} is not empty and holds no run (no config.json a run "
                                  "wrote): --overwrite only replaces a run; name a new or empty --out")
             if not cfg.overwrite and run.latest_checkpoint() is None:  # --resume could not continue it
-                raise UsageError(f"{run.path} already holds a run, stopped before its first checkpoint: "
-                                 "pass --overwrite to start it over, or --out for a new folder")
+                raise UsageError(f"{run.path} already holds a run with no checkpoint left (stopped before its "
+                                 "first, or they were deleted): pass --overwrite to start it over, deleting its "
+                                 "results, or --out for a new folder")
             if not cfg.overwrite:
                 raise UsageError(f"{run.path} already holds a run: pass --resume to continue it, "
                                  "--overwrite to start over, or --out for a new folder")
             run.clear()
         # config.json first: a run killed right after it is still known as a run. Under --resume
-        # it waits for the checkpoint to load (write_resumed_config): a resume refused for its
-        # checkpoint would have left the command's flags (its --iters) on a run that never ran them.
+        # it waits until the checkpoint, history and noise have been read (write_resumed_config): a
+        # resume refused for one of them would have left the command's flags (its --iters) on a
+        # run that never ran them.
         run.path.mkdir(parents=True, exist_ok=True)
+        run.lock()
         if cfg.resume:
             run.resumed_config = config
         else:
@@ -237,12 +265,18 @@ class RunFolder:
         run.checkpoints.mkdir(exist_ok=True)
         return run
 
+    def lock(self) -> None:
+        if self._lock is None:
+            key = os.path.realpath(self.path)
+            self._lock = _FOLDER_LOCKS.get(key) or _FOLDER_LOCKS.setdefault(key, _FolderLock(key))
+
     def write_config(self, config: dict) -> None:
         atomic_write(self.path / "config.json",
                      lambda f: f.write(json.dumps(config, indent=2, sort_keys=True).encode()))
 
     def write_resumed_config(self, step: int, iters: int) -> None:
-        """Under --resume, once its checkpoint (of `step`) has loaded: the command's settings.
+        """Under --resume, once the run's files have been read (its checkpoint is of `step`): the
+        command's settings.
         A resume with nothing left to train (scripts/evaluate.py measuring a run) keeps the
         ones the training wrote: its --iters and the flags it was not given would replace the
         run's own, and compare.py --reuse or quality_table.py would then refuse or retrain it."""
@@ -314,8 +348,9 @@ class RunFolder:
             raise CheckpointError(f"--resume with other settings than the run in {self.path} "
                                   f"({changes}); use the run's settings or a new --out")
         if self.latest_checkpoint() is None:
-            raise CheckpointError(f"nothing to resume in {self.path}: it stopped before its first checkpoint; "
-                                  "start it over with --overwrite instead of --resume")
+            raise CheckpointError(f"nothing to resume in {self.path}: no checkpoint left (it stopped before its "
+                                  "first, or they were deleted); start it over with --overwrite instead of "
+                                  "--resume (it deletes the run's results), or use --out for a new run")
         return self._keep_earlier_versions(saved, config)
 
     def _keep_earlier_versions(self, saved: dict, config: dict) -> dict:
@@ -367,6 +402,8 @@ class RunFolder:
         fd = os.open(self.history_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             os.write(fd, line)
+        except OSError as error:  # a bare descriptor's error names no file (a full disk)
+            raise OSError(error.errno, error.strerror, str(self.history_file)) from None
         finally:
             os.close(fd)
 

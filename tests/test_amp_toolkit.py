@@ -34,6 +34,9 @@ class ScriptedSession:
     def start(self, order, start_step, stop_step):
         pass
 
+    def stop_loading(self):
+        pass
+
     def upload_indices(self, permutation):
         return permutation
 

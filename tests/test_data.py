@@ -781,6 +781,19 @@ def test_corrupt_cache_is_reparsed_and_rewritten(tmp_path, monkeypatch, corrupt)
         np.testing.assert_array_equal(rewritten["y"], labels)
 
 
+def test_a_ctrl_c_while_the_cache_is_written_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from common import data
+
+    def interrupted(file, **arrays):
+        file.write(b"half a cache")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data.np, "savez", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        data._write_cache_atomically(tmp_path / "mnist-test.npz", x=np.zeros(3))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unwritable_cache_only_warns(tmp_path, monkeypatch):
     blocker = write_bytes(tmp_path / "a-file", b"")
     monkeypatch.setenv("AMPGEN_CACHE", str(blocker / "cache"))  # cannot create a folder inside a file

@@ -671,3 +671,46 @@ def test_a_loss_scale_of_zero_counts_as_a_state_not_to_checkpoint():
     assert checkpoints.nonfinite() == "optimizer/generator: the loss scale"
     optimizer.dynamic_scale.assign(math.inf)  # an optimizer variable, so the scan of them finds it first
     assert checkpoints.nonfinite().startswith("optimizer/generator")
+
+
+def test_a_full_disk_at_a_history_row_names_the_history_file(tmp_path, monkeypatch):
+    """The row is written through a bare descriptor, whose error named no file ("cannot write
+    the output: No space left on device")."""
+    import errno
+    import os
+
+    from common.errors import file_system_problem
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    run = RunFolder(tmp_path)
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError) as raised:
+        run.append_history({"step": 1, "loss": 0.5})
+    assert file_system_problem(raised.value) == f"{tmp_path / 'history.jsonl'}: No space left on device"
+
+
+def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, capsys):
+    """Two runs in one folder at once (two --resume, two --overwrite, or an evaluation beside the
+    training) interleaved their history rows, out of order, and both exited 0."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    train(run)
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        settings = (run / "config.json").read_bytes()
+        for flags in (["--resume", "--iters", "4"], ["--overwrite"]):
+            refused(capsys, f"{run} is in use by another process", run, *flags)
+        assert (run / "config.json").read_bytes() == settings  # nothing read or written
+        assert RunFolder(run).latest_checkpoint()[0] == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    train(run, "--resume", "--iters", "4")  # free again; and one process may reopen its own folder
+    train(run, "--resume", "--iters", "6")

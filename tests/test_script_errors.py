@@ -150,6 +150,40 @@ def test_a_full_disk_names_the_file_being_written(tmp_path, capsys):
     assert one_line_exit(capsys, main, code=1) == f"error: {tmp_path / 'sample.png'}: No space left on device"
 
 
+def test_a_full_disk_under_a_library_s_own_error_names_the_file_being_written(tmp_path, capsys):
+    """torch.save on a full disk raises "[enforce fail at inline_container.cc:672] . unexpected
+    pos 704 vs 598" (a traceback), with the OS's ENOSPC as its context."""
+    @exit_on_user_error
+    def main():
+        with open(tmp_path / "step_000020.pt", "wb") as file:
+            try:
+                file.write(b"x")
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+    # "from None" hides the context from the traceback, not from __context__: torch raises so too
+    assert one_line_exit(capsys, main, code=1) == f"error: {tmp_path / 'step_000020.pt'}: No space left on device"
+
+
+@pytest.mark.parametrize("exception, code, printed", [
+    (KeyboardInterrupt, 130, "error: interrupted\n"),  # Ctrl-C outside the loop, or a second one in it
+    (BrokenPipeError(errno.EPIPE, "Broken pipe"), 141, ""),  # `| head`: quietly, as Unix tools do
+])
+def test_an_interrupt_or_a_closed_pipe_is_no_traceback(exception, code, printed, capsys, monkeypatch):
+    from common import errors
+
+    monkeypatch.setattr(errors, "_silence_stdout", lambda: None)  # not pytest's own stdout
+
+    @exit_on_user_error
+    def main():
+        raise exception
+
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == code and capsys.readouterr().err == printed
+
+
 @pytest.mark.parametrize("error", [KeyError("step"), FileNotFoundError(errno.ENOENT, "gone", "x"),
                                    RuntimeError("shape mismatch")])
 def test_programming_errors_keep_their_traceback(error):

@@ -198,6 +198,8 @@ def test_data_parallel_flags_that_do_not_go_together_are_refused(framework, flag
     # once the networks were built, to 15 (and a ring batch of 126 to 4)
     ("wgan_gp", ["--replicas", "3", "--batch-size", "320"],
      "3 replicas x 5 parts of each step's batch: use a multiple of 15"),
+    ("wgan_gp", ["--replicas", "8", "--batch-size", "64"],  # once sent to 60, itself refused next
+     "8 replicas x 5 parts of each step's batch: use a multiple of 40"),
     ("vanilla_gan", ["--replicas", "2", "--dataset", "ring8", "--batch-size", "126"],
      "2 replicas x packs of 2 samples: use a multiple of 4"),
     ("lsgan", ["--replicas", "2", "--dataset", "grid25", "--batch-size", "126"],

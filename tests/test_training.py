@@ -66,30 +66,33 @@ def test_the_median_step_time_leaves_out_the_first_step_when_there_is_one_interv
                                                                                      monkeypatch, capsys):
     """A run of one log interval (--iters up to --log-every, or a resume near its end) used that
     interval whole, tracing and warm-up included: TensorFlow's 30-step run read 47.6 ms/step at
-    1.95. The first step here takes 2 s more than the others, as a slow trace would."""
+    1.95. The first step here takes 3 s more than the others, as a slow trace would; the bounds
+    are relative, as a loaded machine's steps can take hundreds of ms."""
     module = __import__(f"common.{framework}.session", fromlist=["Session"])
     step, calls = module.Session.train_step, []
 
     def first_step_slow(self, indices):
         calls.append(1)
         if len(calls) == 1:
-            time.sleep(2.0)
+            time.sleep(3.0)
         return step(self, indices)
 
     monkeypatch.setattr(module.Session, "train_step", first_step_slow)
     out = tmp_path / "run"
-    summary = train(framework, out, "--iters", "6", "--log-every", "100", "--sample-every", "0",
-                    "--checkpoint-every", "3")
+    small = ["--width", "8", "--log-every", "100", "--sample-every", "0", "--checkpoint-every", "3"]
+    summary = train(framework, out, "--iters", "6", *small)
     (row,) = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
-    assert row["step_ms"] > 2000 / 6  # the history row is the interval's wall time, as it was
-    assert 0 < summary["median_step_ms"] < 200, summary  # 2 s over 6 steps: at least 333
+    assert row["step_ms"] > 3000 / 6  # the history row is the interval's wall time, as it was
+    # it was that row's figure; less the first step, the other five steps' mean
+    assert 0 < summary["median_step_ms"] < row["step_ms"] / 2, (summary, row)
     assert summary["timed_from_step"] == 0
 
     calls.clear()  # a resume from step 3: its one interval, less its own first step
     (out / "checkpoints" / f"step_000006.{'pt' if framework == 'pytorch' else 'npz'}").unlink()
-    summary = train(framework, out, "--iters", "6", "--log-every", "100", "--sample-every", "0",
-                    "--checkpoint-every", "3", "--resume")
-    assert 0 < summary["median_step_ms"] < 200 and summary["timed_from_step"] == 3, summary
+    summary = train(framework, out, "--iters", "6", *small, "--resume")
+    row = json.loads((out / "history.jsonl").read_text().splitlines()[-1])
+    assert row["step"] == 6 and row["step_ms"] > 3000 / 3
+    assert 0 < summary["median_step_ms"] < row["step_ms"] / 2 and summary["timed_from_step"] == 3, (summary, row)
 
     capsys.readouterr()
     calls.clear()  # one step: no steady figure, rather than the first step's
@@ -218,10 +221,10 @@ def test_a_run_killed_before_its_first_checkpoint_is_sent_to_overwrite_by_both_m
     train("pytorch", out, "--iters", "2")
     for path in (out / "checkpoints").iterdir():  # as if killed before its first checkpoint
         path.unlink()
-    expect_exit(1, "stopped before its first checkpoint; start it over with --overwrite", capsys, "pytorch", out,
-                "--iters", "2", "--resume")
-    expect_exit(2, "stopped before its first checkpoint: pass --overwrite to start it over", capsys, "pytorch",
-                out, "--iters", "2")
+    expect_exit(1, "no checkpoint left (it stopped before its first, or they were deleted); start it over with "
+                "--overwrite", capsys, "pytorch", out, "--iters", "2", "--resume")
+    expect_exit(2, "with no checkpoint left (stopped before its first, or they were deleted): pass --overwrite",
+                capsys, "pytorch", out, "--iters", "2")
 
 
 def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
@@ -242,6 +245,12 @@ def test_a_corrupt_checkpoint_is_one_clear_error(framework, tmp_path, capsys):
     expect_exit(1, "is unreadable", capsys, framework, out, "--iters", "4", "--resume", "--clip-grad-norm", "1")
     # the refused resume left the run's settings: config.json said --iters 4 and the clipping,
     # which no step had run under (the summary said 2)
+    assert (out / "config.json").read_bytes() == settings
+    (out / "checkpoints" / f"step_000002.{suffix}").unlink()  # back to the run's own checkpoint ...
+    train(framework, out, "--iters", "2", "--overwrite")
+    settings = (out / "config.json").read_bytes()
+    (out / "history.jsonl").write_text("garbage\n" + (out / "history.jsonl").read_text())  # ... a damaged history
+    expect_exit(1, "is not a history row", capsys, framework, out, "--iters", "4", "--resume", "--clip-grad-norm", "1")
     assert (out / "config.json").read_bytes() == settings
 
 
@@ -316,7 +325,7 @@ def test_a_ctrl_c_that_reaches_the_data_loaders_worker_leaves_it_serving_batches
         for step in range(1, 1_000):  # far past the batches it had prefetched
             assert loader.batch(None)[0, 0] == 2 * (step % 56)
     finally:
-        del loader._batches  # the iterator stops its worker
+        loader.stop()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -358,11 +367,12 @@ def test_ctrl_c_or_sigterm_checkpoints_the_current_step_and_resume_finishes(sign
     assert json.loads((out / "config.json").read_text())["iters"] == step + 4  # a resume that trains records its flags
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_signal_to_the_process_group_stops_a_run_with_data_loader_workers_cleanly(signum, tmp_path):
-    """`kill -TERM -- -PGID` (a job scheduler's stop) reaches --workers' DataLoader processes
-    too: one it killed made PyTorch raise "DataLoader worker ... is killed by signal" at once,
-    mid-step (a traceback, no checkpoint under torchrun) or at exit ("Exception ignored")."""
+@pytest.mark.parametrize("signum, target", [(signal.SIGINT, "group"), (signal.SIGTERM, "group"),
+                                            (signal.SIGTERM, "each process")])
+def test_a_stop_signal_to_every_process_stops_a_run_with_data_loader_workers_cleanly(signum, target, tmp_path):
+    """`kill -TERM -- -PGID`, or a stop that signals every process (systemd, Slurm's scancel),
+    reaches --workers' DataLoader processes too: one it killed made PyTorch raise "DataLoader
+    worker ... is killed by signal" at once, mid-step: a traceback, and no checkpoint."""
     import os
     import subprocess
     import sys
@@ -381,7 +391,13 @@ def test_a_stop_signal_to_the_process_group_stops_a_run_with_data_loader_workers
             assert process.poll() is None, process.communicate()[1]
             assert time.monotonic() < deadline, "training did not start"
             time.sleep(0.1)
-        os.killpg(process.pid, signum)
+        if target == "group":
+            os.killpg(process.pid, signum)
+        else:
+            children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+            assert children  # the worker
+            for pid in [process.pid, *map(int, children)]:
+                os.kill(pid, signum)
         stdout, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
@@ -471,3 +487,21 @@ def test_a_dataset_smaller_than_a_batch_is_one_clear_error(tmp_path, capsys):
     write_png_folder(tmp_path / "images", 3)
     expect_exit(1, "fewer than --batch-size 32", capsys, "pytorch", tmp_path / "run",
                 "--dataset", "folder", "--data-dir", str(tmp_path / "images"))
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_run_with_stderr_closed_trains_to_the_end(framework, tmp_path):
+    """`2>&-`: sys.stderr is None, and tqdm's bar failed on it at the start (exit 1, no word)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "run"
+    script = {"pytorch": "GAN/vanilla_gan/gan_pytorch.py", "tensorflow": "GAN/vanilla_gan/gan_tensorflow.py"}[framework]
+    result = subprocess.run([sys.executable, str(REPO / script), "--out", str(out), *TINY, "--iters", "4",
+                             "--no-tensorboard"], cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=240,
+                            preexec_fn=lambda: os.close(2))
+    assert result.returncode == 0 and "done: step 4" in result.stdout, result.stdout[-2000:]
+    assert json.loads((out / "summary.json").read_text())["step"] == 4

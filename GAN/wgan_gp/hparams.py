@@ -82,14 +82,14 @@ def validate(cfg) -> None:
     """The model's own check of the flags (common/config.parse_args calls it)."""
     from common.errors import UsageError
 
+    if cfg.replicas:  # TensorFlow --replicas N: each critic batch is sharded on its own (a multiple of 5N)
+        from common.distributed import check_batch
+        check_batch(cfg.batch_size, cfg.replicas, CRITIC_STEPS)
     if cfg.batch_size % CRITIC_STEPS:
         lower = max(CRITIC_STEPS, cfg.batch_size // CRITIC_STEPS * CRITIC_STEPS)
         raise UsageError(f"--batch-size {cfg.batch_size} is not a multiple of {CRITIC_STEPS}: "
                          f"WGAN-GP splits it into {CRITIC_STEPS} critic batches per generator "
                          f"iteration; use e.g. --batch-size {lower}")
-    if cfg.replicas:  # TensorFlow --replicas N: each critic batch is sharded on its own
-        from common.distributed import check_batch
-        check_batch(cfg.batch_size, cfg.replicas, CRITIC_STEPS)
     if cfg.compile:  # at once, not after the data is loaded and the compile has failed
         raise UsageError("--compile: torch.compile cannot differentiate twice (aot_autograd has no double "
                          "backward), and the gradient penalty does; train WGAN-GP eagerly in PyTorch "

@@ -2,7 +2,7 @@
 (common/tensorflow/data.py is the twin)."""
 from __future__ import annotations
 
-import os
+import atexit
 import signal
 
 import numpy as np
@@ -61,14 +61,13 @@ def _as_is(batch):
 
 
 def _leave_stop_signals_to_the_loop(worker_id: int) -> None:
-    """A terminal's Ctrl-C, and `kill -- -PGID` (a job scheduler's stop), reach the whole
-    process group: a worker they killed made the DataLoader raise at once, mid-step (PyTorch's
-    SIGCHLD handler), or inside the checkpoint the loop was saving for the signal, and none was
-    written. The workers leave the group, and ignore a SIGINT sent to them alone; the loop
-    stops them. (SIGTERM sent to a worker itself still ends it: Python's exit stops a live
-    loader's workers so.)"""
-    os.setpgid(0, 0)
+    """Ctrl-C and SIGTERM reach the workers too: from a terminal or `kill -TERM -- -PGID` (the
+    process group), and from a stop that signals every process (systemd, Slurm's scancel). A
+    worker one killed made the DataLoader raise at once, mid-step (PyTorch's SIGCHLD handler),
+    with a traceback and no checkpoint. The workers ignore both; the loop, which gets them too,
+    finishes its step, checkpoints, and stops the loader (HostLoader.stop)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class HostLoader(DeviceData):
@@ -90,6 +89,16 @@ class HostLoader(DeviceData):
             worker_init_fn=_leave_stop_signals_to_the_loop,
             generator=torch.Generator())  # its worker seed must not be drawn from the training RNG
         self._batches = iter(loader)
+        # before multiprocessing's own exit handler (registered earlier, so run later), which would
+        # end the workers with SIGTERM, which they ignore, and then wait for them
+        atexit.register(self.stop)
+
+    def stop(self):
+        """Shut the workers down, as the loader's iterator does when it is collected."""
+        atexit.unregister(self.stop)
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            batches._shutdown_workers()  # PyTorch's own (private) shutdown: a done event, then a join
 
     def batch(self, indices) -> torch.Tensor:
         """The next prefetched batch: the one `indices` names, as the order is shared."""

@@ -60,6 +60,10 @@ class Session:
         if isinstance(self.data, HostLoader):
             self.data.start(order, start_step, stop_step, self._local)
 
+    def stop_loading(self):
+        if isinstance(self.data, HostLoader):
+            self.data.stop()
+
     def upload_indices(self, permutation: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(permutation.astype(np.int64)).to(self.runtime.device)
 

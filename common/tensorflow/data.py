@@ -56,6 +56,10 @@ class HostLoader(DeviceData):
                         .prefetch(tf.data.AUTOTUNE))
         self.iterator = iter(pipeline)
 
+    def stop(self):
+        """Let the pipeline go (its map threads are this process's: nothing else to end)."""
+        self.iterator = None
+
 
 def load_data(cfg: RunConfig, runtime, value_range: tuple[float, float]) -> DeviceData:
     dataset = datasets.load_training_set(cfg)

@@ -90,6 +90,10 @@ class Session:
         if isinstance(self.data, HostLoader):
             self.data.start(order, start_step, stop_step)
 
+    def stop_loading(self):
+        if isinstance(self.data, HostLoader):
+            self.data.stop()
+
     def upload_indices(self, permutation: np.ndarray) -> tf.Tensor:
         return tf.constant(permutation)
 
