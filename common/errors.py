@@ -64,9 +64,12 @@ def described(error: BaseException) -> str:
 def file_system_problem(error: BaseException) -> str | None:
     """One line for an OSError the file system raised (not a folder, read-only, disk full, no
     permission), naming the path where the error has one; None for anything else."""
-    # a library may raise its own error over the OS's (torch.save on a full disk: "[enforce fail
-    # at inline_container.cc] unexpected pos"), which Python keeps as the context
-    os_error = error if isinstance(error, OSError) else error.__context__
+    # PyTorch raises its own error over the OS's (torch.save on a full disk: "[enforce fail at
+    # inline_container.cc] unexpected pos"), which Python keeps as the context; not any error
+    # raised while handling one, which may be a bug
+    wrapped = (isinstance(error, RuntimeError) and "inline_container" in str(error)
+               and not error.__suppress_context__)
+    os_error = error if isinstance(error, OSError) else error.__context__ if wrapped else None
     if not isinstance(os_error, OSError) or os_error.errno not in FILE_SYSTEM_ERRNOS:
         return None
     reason = os_error.strerror or str(os_error)
@@ -144,8 +147,10 @@ def exit_on_user_error(main):
         except KeyboardInterrupt:  # a Ctrl-C outside a training loop, or a second one inside it
             _say("error: interrupted")
             sys.exit(130)
-        except BrokenPipeError:  # the output's reader has gone (`| head`): stop quietly, as Unix tools do
-            _silence_stdout()
+        except BrokenPipeError:
+            if not _stdout_is_broken():  # a pipe to another process: a failure to report
+                raise
+            _silence_stdout()  # the output's reader has gone (`| head`): stop quietly, as Unix tools do
             sys.exit(128 + signal.SIGPIPE)
         except Exception as error:
             line = file_system_problem(error) or out_of_memory_problem(error)
@@ -165,6 +170,18 @@ def _say(line: str) -> None:
             sys.stderr.flush()
         except (OSError, ValueError):  # stderr closed or its reader gone: the exit status says it
             pass
+
+
+def _stdout_is_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone: poll() says POLLERR on its write end."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(mask & select.POLLERR for _, mask in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, or not a file
+        return False
 
 
 def _silence_stdout() -> None:

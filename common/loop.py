@@ -539,6 +539,7 @@ def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, l
     finally:
         session.stop_loading()
         board.close()  # the last events reach the file after a Ctrl-C, a divergence or an error too
+        run.unlock()
 
 
 def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, board: Board,

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import weakref
 from pathlib import Path
 from typing import Protocol
@@ -196,10 +197,15 @@ class _FolderLock:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             os.close(fd)
             raise UserError(f"{path} is in use by another process (a run training or being evaluated there): "
                             "wait for it to end, or use another --out") from None
+        except OSError as error:  # NFS without local locks (EBADF: it wants a file open for writing), Lustre
+            os.close(fd)
+            print(f"warning: {path} cannot be locked ({error.strerror}): a second run started in it at once "
+                  "would not be refused", file=sys.stderr, flush=True)
+            return
         weakref.finalize(self, os.close, fd)  # released with the last RunFolder that holds it, or at exit
 
 
@@ -226,7 +232,14 @@ class RunFolder:
         """Create (or, with --resume, reopen) the run folder; never clobber a run silently, nor
         share it with another process: two at once interleaved their history rows (both exit 0)."""
         run = cls(run_dir_for(cfg, precision))
-        config = {**json.loads(cfg.to_json()), "precision": precision, **details}
+        try:
+            return run._prepare(cfg, {**json.loads(cfg.to_json()), "precision": precision, **details})
+        except BaseException:
+            run.unlock()  # now, not when the error's traceback lets the RunFolder go
+            raise
+
+    def _prepare(self, cfg: RunConfig, config: dict) -> "RunFolder":
+        run = self
         if run.path.is_dir():  # before anything in it is read
             run.lock()
         if cfg.resume:
@@ -269,6 +282,10 @@ class RunFolder:
         if self._lock is None:
             key = os.path.realpath(self.path)
             self._lock = _FOLDER_LOCKS.get(key) or _FOLDER_LOCKS.setdefault(key, _FolderLock(key))
+
+    def unlock(self) -> None:
+        """Let the lock go (with no other RunFolder of this process holding it, it is released)."""
+        self._lock = None
 
     def write_config(self, config: dict) -> None:
         atomic_write(self.path / "config.json",

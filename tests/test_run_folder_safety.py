@@ -714,3 +714,35 @@ def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, capsys):
         holder.wait()
     train(run, "--resume", "--iters", "4")  # free again; and one process may reopen its own folder
     train(run, "--resume", "--iters", "6")
+
+
+def test_a_refused_run_lets_the_folder_go_at_once(tmp_path, capsys):
+    """The refusal's traceback (kept by `pytest.raises`, a notebook's last error) held the
+    RunFolder, and with it the lock: another process was refused the folder."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    train(run)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as kept:
+        train(run, "--resume", "--iters", "4", "--batch-size", "16")  # other settings: refused
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+             "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')")
+    result = subprocess.run([sys.executable, "-c", probe, str(run)], capture_output=True, text=True, timeout=60)
+    assert kept.value.code == 1 and result.stdout == "free\n", result.stderr[-500:]
+
+
+def test_a_folder_that_cannot_be_locked_is_trained_in_with_a_warning(tmp_path, capsys, monkeypatch):
+    """NFS without local locks refuses an exclusive flock on a folder opened read-only (EBADF):
+    that is no other process, and every run there was refused."""
+    import errno
+    import fcntl
+
+    def unsupported(fd, operation):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+    train(tmp_path / "run")
+    assert "cannot be locked (Bad file descriptor)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 2

@@ -160,10 +160,23 @@ def test_a_full_disk_under_a_library_s_own_error_names_the_file_being_written(tm
                 file.write(b"x")
                 raise OSError(errno.ENOSPC, "No space left on device")
             except OSError:
-                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
 
-    # "from None" hides the context from the traceback, not from __context__: torch raises so too
     assert one_line_exit(capsys, main, code=1) == f"error: {tmp_path / 'step_000020.pt'}: No space left on device"
+
+
+@pytest.mark.parametrize("error", [NameError("undefined"), RuntimeError("unexpected pos")])
+def test_a_bug_raised_while_handling_a_file_system_error_keeps_its_traceback(error):
+    """Only PyTorch's writer error stands for the OS's answer beneath it."""
+    @exit_on_user_error
+    def main():
+        try:
+            raise FileExistsError(errno.EEXIST, "File exists", "/tmp")
+        except FileExistsError:
+            raise error  # noqa: B904
+
+    with pytest.raises(type(error)):
+        main()
 
 
 @pytest.mark.parametrize("exception, code, printed", [
@@ -179,9 +192,20 @@ def test_an_interrupt_or_a_closed_pipe_is_no_traceback(exception, code, printed,
     def main():
         raise exception
 
+    monkeypatch.setattr(errors, "_stdout_is_broken", lambda: True)
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == code and capsys.readouterr().err == printed
+
+
+def test_a_broken_pipe_to_another_process_is_no_quiet_exit():
+    """Only a closed stdout (`| head`) stops quietly; a pipe to a child that died is a failure."""
+    @exit_on_user_error
+    def main():
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        main()
 
 
 @pytest.mark.parametrize("error", [KeyError("step"), FileNotFoundError(errno.ENOENT, "gone", "x"),
@@ -525,3 +549,18 @@ def test_ctrl_c_reaches_the_child_which_saves_before_the_parent_stops_in_one_lin
     assert parent.returncode == 130, err
     assert err.strip() == "error: interrupted: the run saved a checkpoint"
     assert (tmp_path / "marker").read_text() == "saved"
+
+
+def test_a_reader_that_goes_away_stops_a_script_quietly(tmp_path):
+    """`python GAN/vanilla_gan/gan_pytorch.py ... | head -1`: a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    process = subprocess.Popen([sys.executable, str(REPO / "GAN/vanilla_gan/gan_pytorch.py"), "--out",
+                                str(tmp_path / "run"), *TINY, "--iters", "2"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # the reader is gone before the first line
+    stderr = process.stderr.read()
+    assert process.wait(timeout=240) == 141 and "Traceback" not in stderr, stderr[-2000:]

@@ -97,8 +97,15 @@ class HostLoader(DeviceData):
         """Shut the workers down, as the loader's iterator does when it is collected."""
         atexit.unregister(self.stop)
         batches, self._batches = self._batches, None
-        if batches is not None:
+        if batches is None:
+            return
+        try:
             batches._shutdown_workers()  # PyTorch's own (private) shutdown: a done event, then a join
+        finally:  # cut short (a second Ctrl-C): the workers ignore SIGTERM, and exit would wait for them
+            for worker in getattr(batches, "_workers", []):
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join(timeout=10)
 
     def batch(self, indices) -> torch.Tensor:
         """The next prefetched batch: the one `indices` names, as the order is shared."""
