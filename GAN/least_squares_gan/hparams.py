@@ -9,6 +9,7 @@ from GAN.vanilla_gan.hparams import (  # noqa: F401  (re-exported on purpose)
     DEFAULTS,
     PIXEL_RANGE,
     Z_DIM,
+    batch_division,
     pack,
     validate,
 )

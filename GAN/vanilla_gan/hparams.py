@@ -56,6 +56,14 @@ def pack(data_shape: tuple) -> int:
     return POINT_PACK if len(data_shape) == 1 else 1
 
 
+def batch_division(cfg) -> tuple[int, int]:
+    """(parts, pack) of the batch among data-parallel replicas: on the mixtures each replica's
+    share divides into D's packs (common/config.parse_args checks --replicas with it)."""
+    from common.config import POINT_DATASETS
+
+    return 1, POINT_PACK if cfg.dataset in POINT_DATASETS else 1
+
+
 def validate(cfg) -> None:
     """The model's own check of the flags (common/config.parse_args calls it)."""
     from common.config import POINT_DATASETS
@@ -64,6 +72,3 @@ def validate(cfg) -> None:
     if cfg.dataset in POINT_DATASETS and cfg.batch_size % POINT_PACK:
         raise UsageError(f"--batch-size {cfg.batch_size} is not a multiple of {POINT_PACK}: on the 2-D "
                          f"mixtures D judges samples in packs of {POINT_PACK}")
-    if cfg.dataset in POINT_DATASETS and cfg.replicas:  # TensorFlow --replicas N: packs within each share
-        from common.distributed import check_batch
-        check_batch(cfg.batch_size, cfg.replicas, pack=POINT_PACK)

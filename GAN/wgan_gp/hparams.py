@@ -78,13 +78,16 @@ def point_units(width: int) -> int:
     return POINT_UNITS_PER_WIDTH * width
 
 
+def batch_division(cfg) -> tuple[int, int]:
+    """(parts, pack) of the batch among data-parallel replicas: each critic batch is sharded on
+    its own (common/config.parse_args checks --replicas with it)."""
+    return CRITIC_STEPS, 1
+
+
 def validate(cfg) -> None:
     """The model's own check of the flags (common/config.parse_args calls it)."""
     from common.errors import UsageError
 
-    if cfg.replicas:  # TensorFlow --replicas N: each critic batch is sharded on its own (a multiple of 5N)
-        from common.distributed import check_batch
-        check_batch(cfg.batch_size, cfg.replicas, CRITIC_STEPS)
     if cfg.batch_size % CRITIC_STEPS:
         lower = max(CRITIC_STEPS, cfg.batch_size // CRITIC_STEPS * CRITIC_STEPS)
         raise UsageError(f"--batch-size {cfg.batch_size} is not a multiple of {CRITIC_STEPS}: "
