@@ -239,44 +239,43 @@ class RunFolder:
             raise
 
     def _prepare(self, cfg: RunConfig, config: dict) -> "RunFolder":
-        run = self
-        if run.path.is_dir():  # before anything in it is read
-            run.lock()
+        if self.path.is_dir():  # before anything in it is read
+            self.lock()
         if cfg.resume:
-            for folder in (run.samples, run.checkpoints):  # before anything is read or written
+            for folder in (self.samples, self.checkpoints):  # before anything is read or written
                 if (folder.exists() or folder.is_symlink()) and not folder.is_dir():  # a file, a dangling link
                     raise UsageError(f"{folder} is not a folder, where the run keeps its {folder.name}: move it "
                                      "out of the run folder, or use --out for a new run")
-            config = run._check_resumable(config)
-        elif run.path.exists() and not run.path.is_dir():
-            raise UsageError(f"--out {run.path} is not a folder; name a folder for the run")
-        elif any(run.path.iterdir() if run.path.exists() else ()):
+            config = self._check_resumable(config)
+        elif self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"--out {self.path} is not a folder; name a folder for the run")
+        elif any(self.path.iterdir() if self.path.exists() else ()):
             # --overwrite replaces a run and nothing else: pointed at a folder of other files
             # (a typo, a parent folder), it would delete them.
-            if run.read_config() is None:
-                raise UsageError(f"{run.path} is not empty and holds no run (no config.json a run "
+            if self.read_config() is None:
+                raise UsageError(f"{self.path} is not empty and holds no run (no config.json a run "
                                  "wrote): --overwrite only replaces a run; name a new or empty --out")
-            if not cfg.overwrite and run.latest_checkpoint() is None:  # --resume could not continue it
-                raise UsageError(f"{run.path} already holds a run with no checkpoint left (stopped before its "
+            if not cfg.overwrite and self.latest_checkpoint() is None:  # --resume could not continue it
+                raise UsageError(f"{self.path} already holds a run with no checkpoint left (stopped before its "
                                  "first, or they were deleted): pass --overwrite to start it over, deleting its "
                                  "results, or --out for a new folder")
             if not cfg.overwrite:
-                raise UsageError(f"{run.path} already holds a run: pass --resume to continue it, "
+                raise UsageError(f"{self.path} already holds a run: pass --resume to continue it, "
                                  "--overwrite to start over, or --out for a new folder")
-            run.clear()
+            self.clear()
         # config.json first: a run killed right after it is still known as a run. Under --resume
         # it waits until the checkpoint, history and noise have been read (write_resumed_config): a
         # resume refused for one of them would have left the command's flags (its --iters) on a
         # run that never ran them.
-        run.path.mkdir(parents=True, exist_ok=True)
-        run.lock()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock()
         if cfg.resume:
-            run.resumed_config = config
+            self.resumed_config = config
         else:
-            run.write_config(config)
-        run.samples.mkdir(exist_ok=True)
-        run.checkpoints.mkdir(exist_ok=True)
-        return run
+            self.write_config(config)
+        self.samples.mkdir(exist_ok=True)
+        self.checkpoints.mkdir(exist_ok=True)
+        return self
 
     def lock(self) -> None:
         if self._lock is None:
