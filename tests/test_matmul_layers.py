@@ -95,7 +95,21 @@ FULL_SAME = dict(filters=2, kernel_size=7, padding="same")
 def test_every_other_input_takes_keras_own_path(ours, keras_own, input_shape, config):
     layer, reference = pair(ours, keras_own, input_shape, config)
     x = tf.random.stateless_normal(input_shape, seed=(3, 4))
-    np.testing.assert_array_equal(layer(x).numpy(), reference(x).numpy())
+    expected, got = outcome(reference, x), outcome(layer, x)
+    if isinstance(expected, str):  # Keras' own path fails on this CPU, so must ours, in the same op
+        assert isinstance(got, str) and got == expected
+    else:
+        np.testing.assert_array_equal(got, expected)
+
+
+def outcome(layer, x):
+    """The layer's output, or the error of the op that refused it: TensorFlow's own CPU kernels
+    (where oneDNN is off, as on AVX2-only CPUs) refuse a dilated transposed convolution."""
+    try:
+        return layer(x).numpy()
+    except tf.errors.OpError as error:
+        op = str(error).rpartition("[Op:")[2].partition("]")[0]  # Conv2DBackpropInput
+        return f"{type(error).__name__} in {op}"
 
 
 def test_computes_in_the_policys_dtype():
