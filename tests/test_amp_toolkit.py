@@ -152,19 +152,23 @@ def test_a_divergence_keeps_the_good_checkpoints_and_names_the_last(tmp_path):
     assert "last good checkpoint (step 25)" in str(error)
 
 
-def test_a_run_that_ends_on_nonfinite_weights_keeps_its_last_state(tmp_path):
+def test_a_run_that_ends_on_nonfinite_weights_keeps_its_last_state_and_says_so(tmp_path):
     # evaluate.py measures a finished run at its last step, whatever it holds
     values = lambda step: {"loss": math.nan if step >= 30 else 1.0}
-    _, _, _, session = run_loop(tmp_path, values, weights_nonfinite_from=30, iters=40,
-                                checkpoint_every=5, nonfinite_patience=100)
+    summary, _, messages, session = run_loop(tmp_path, values, weights_nonfinite_from=30, iters=40,
+                                             checkpoint_every=5, nonfinite_patience=100)
     assert session.saved[-2:] == ["step_000025.npz", "step_000040.npz"]
+    assert summary["step"] == 40 and "stopped" not in summary
+    warnings = [m for m in messages if m.startswith("warning: the run ends with its losses inf/NaN")]
+    assert len(warnings) == 1 and "since step 30 (11 steps; --nonfinite-patience 100" in warnings[0]  # 30 to 40
 
 
 def test_occasional_nonfinite_losses_do_not_stop_the_run(tmp_path):
     values = lambda step: {"loss": math.nan if step % 10 == 5 else 1.0}
-    summary, history, _, _ = run_loop(tmp_path, values, iters=300, nonfinite_patience=2)
+    summary, history, messages, _ = run_loop(tmp_path, values, iters=300, nonfinite_patience=2)
     assert summary["step"] == 300 and "stopped" not in summary
     assert all(row["nonfinite_steps"] == 1 for row in history)
+    assert not [m for m in messages if m.startswith("warning")]  # the last steps' losses were finite
 
 
 def test_the_other_replicas_are_let_go_and_the_summary_written_before_the_evaluation(tmp_path, monkeypatch):
