@@ -715,6 +715,7 @@ def load_as(path: Path, source: str) -> dict:
     ("generated", True, True),   # inductor's generated code under --compile: one line
     ("generated", False, False),  # not torch.compile's doing without --compile: the traceback
     ("model", True, False),       # the model's own code, called through Dynamo's frame: the traceback
+    ("generated, TORCHINDUCTOR_CACHE_DIR", True, True),  # a cache folder of another name
 ])
 def test_an_error_of_torch_compiles_own_is_one_line_and_the_models_keeps_its_traceback(
         raised_in, compiling, one_line, tmp_path, capsys, monkeypatch):
@@ -726,11 +727,15 @@ def test_an_error_of_torch_compiles_own_is_one_line_and_the_models_keeps_its_tra
     from common.pytorch import session
     from GAN.vanilla_gan import gan_pytorch
 
-    generated = load_as(tmp_path / "torchinductor_user" / "xp" / "cxp.py",
+    cache = tmp_path / "torchinductor_user"
+    if raised_in == "generated, TORCHINDUCTOR_CACHE_DIR":
+        cache = tmp_path / "compiled graphs"
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    generated = load_as(cache / "xp" / "cxp.py",
                         "def call(args):\n    raise AssertionError('expected size 64==64, stride 49==1 at dim=1')\n")
     dynamo = load_as(tmp_path / "torch" / "_dynamo" / "eval_frame.py", "def _fn(f, *args):\n    return f(*args)\n")
     model = load_as(tmp_path / "model.py", "def forward(x):\n    raise AssertionError('the model: bad shape')\n")
-    step = generated["call"] if raised_in == "generated" else model["forward"]
+    step = generated["call"] if raised_in.startswith("generated") else model["forward"]
     monkeypatch.setattr(session.Session, "train_on", lambda self, batch: dynamo["_fn"](step, batch))
     monkeypatch.setattr(torch.nn.Module, "compile", lambda module, *args, **kwargs: None)  # the stand-in compiles
     argv = ["--out", str(tmp_path / "run"), *TINY, *(["--compile"] if compiling else [])]

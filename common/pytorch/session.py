@@ -4,6 +4,7 @@ twin."""
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
 from pathlib import Path
 from typing import Protocol
@@ -165,7 +166,7 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
 
 
 # Where torch.compile's errors come from: its tracer, AOT autograd, inductor and the code
-# inductor generated (a file under torchinductor_<user>/).
+# inductor generated (a file under torchinductor_<user>/, or under TORCHINDUCTOR_CACHE_DIR).
 COMPILER_FRAMES = ("/torch/_dynamo/", "/torch/_functorch/", "/torch/_inductor/", "/torchinductor_")
 
 
@@ -193,5 +194,7 @@ def raised_by_compiler(error: BaseException) -> bool:
     from torch._dynamo.exc import TorchDynamoException
 
     frames = traceback.extract_tb(error.__traceback__)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # a folder of any name
+    parts = COMPILER_FRAMES + ((os.path.join(os.path.abspath(cache), "").replace("\\", "/"),) if cache else ())
     return isinstance(error, TorchDynamoException) or bool(
-        frames and any(part in frames[-1].filename.replace("\\", "/") for part in COMPILER_FRAMES))
+        frames and any(part in frames[-1].filename.replace("\\", "/") for part in parts))
