@@ -598,7 +598,8 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     monitor = log_interval.monitor
     if monitor.nonfinite_streak and not stopped_early and run.writable:  # inf/NaN for too few steps to stop it
         log(f"warning: the run ends with its losses inf/NaN since step {monitor.nonfinite_since} "
-            f"({monitor.nonfinite_streak} steps; --nonfinite-patience {cfg.nonfinite_patience} stops a run): "
+            f"({monitor.nonfinite_streak} steps, fewer than --nonfinite-patience {cfg.nonfinite_patience}, "
+            "which would have stopped it): "
             "lower --lr, try --clip-grad-norm or --amp-dtype bfloat16")
     summary = summarize(cfg, session, step, log_interval, stopped_early, start_step)
     if step == start_step:  # nothing trained in this process (say, evaluating a finished run)
