@@ -160,7 +160,7 @@ def test_a_run_that_ends_on_nonfinite_weights_keeps_its_last_state_and_says_so(t
     assert session.saved[-2:] == ["step_000025.npz", "step_000040.npz"]
     assert summary["step"] == 40 and "stopped" not in summary
     warnings = [m for m in messages if m.startswith("warning: the run ends with its losses inf/NaN")]
-    assert len(warnings) == 1  # steps 30 to 40:
+    assert len(warnings) == 1  # inf/NaN from step 30 to the last, 40: 11 steps
     assert "since step 30 (11 steps, fewer than --nonfinite-patience 100," in warnings[0]
 
 
