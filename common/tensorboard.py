@@ -26,7 +26,6 @@ from its checkpoint without duplicate steps, as history.jsonl is truncated there
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Callable, Protocol
@@ -111,42 +110,39 @@ class Board:
                  start_step: int, log=print, enabled: bool = True):
         self.cfg, self.run, self.log = cfg, run, log
         self.writer = None
-        if not (cfg.tensorboard and enabled):  # enabled: False on data-parallel ranks but 0
-            return
-        with self._guard():
-            self.writer = open_writer(run.path, start_step + 1)
-        if self.writer and start_step < cfg.iters:  # not a finished run reopened for --evaluate
+        # Opened at the first write: a finished run reopened with nothing to evaluate leaves no
+        # empty events file behind. enabled: False on data-parallel ranks but 0.
+        self.open_writer = (lambda: open_writer(run.path, start_step + 1)) if cfg.tensorboard and enabled else None
+        if self.open_writer and start_step < cfg.iters:  # not a finished run reopened for --evaluate
             config = json.loads((run.path / "config.json").read_text())
-            with self._guard():
-                self.writer.text(CONFIG_TAG, config_text(config), start_step)
-                self.writer.hparams(hparams(config), start_step)
+            self._write(lambda writer: writer.text(CONFIG_TAG, config_text(config), start_step))
+            self._write(lambda writer: writer.hparams(hparams(config), start_step))
 
-    @contextlib.contextmanager
-    def _guard(self):
+    def _write(self, write: Callable[[Writer], None]):
+        """One write, after opening the writer if this is the first; any error ends the writing
+        with one warning (whichever framework's error: the training goes on)."""
+        if self.writer is None and self.open_writer is None:
+            return
         try:
-            yield
-        except Exception as error:  # whichever framework's error: the training goes on
-            self.writer = None
+            if self.writer is None:
+                self.writer, self.open_writer = self.open_writer(), None
+            write(self.writer)
+        except Exception as error:
+            self.writer = self.open_writer = None
             self.log(f"warning: TensorBoard events could not be written ({described(error)}); "
                      "the run goes on without them")
 
     def interval(self, row: dict, losses: dict[str, float]):
-        if self.writer:
-            with self._guard():
-                self.writer.scalars(interval_scalars(row, losses, self.cfg.batch_size, self.cfg.lr), row["step"])
+        self._write(lambda writer: writer.scalars(
+            interval_scalars(row, losses, self.cfg.batch_size, self.cfg.lr), row["step"]))
 
     def samples(self, step: int):
-        if self.writer:
-            with self._guard():
-                self.writer.image(SAMPLES_TAG, grid_image(self.run.sample_path(step)), step)
+        self._write(lambda writer: writer.image(SAMPLES_TAG, grid_image(self.run.sample_path(step)), step))
 
     def metrics(self, metrics: dict, step: int):
-        if self.writer:
-            with self._guard():
-                self.writer.scalars(metric_scalars(metrics), step)
+        self._write(lambda writer: writer.scalars(metric_scalars(metrics), step))
 
     def close(self):
-        if self.writer:
-            with self._guard():
-                self.writer.close()
-            self.writer = None
+        if self.writer is not None:
+            self._write(lambda writer: writer.close())
+        self.writer = self.open_writer = None

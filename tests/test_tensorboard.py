@@ -121,6 +121,16 @@ def test_a_resumed_run_continues_its_curves_without_duplicate_steps(framework, t
     assert steps(events, "samples") == [0, 2, 4, 6, 8]
     assert steps(events, "run/config") == [0, 4]  # the settings of each start, at the step it started from
 
+    # Reopened when finished: with nothing to do it leaves no empty events file behind; with
+    # --evaluate its metrics go to a file of their own, at the run's last step.
+    time.sleep(1.0)
+    train(framework, out, "--iters", "8", "--resume")
+    assert len(list(out.glob("events.out.tfevents.*"))) == 2
+    train(framework, out, "--iters", "8", "--resume", "--evaluate", "100")
+    assert len(list(out.glob("events.out.tfevents.*"))) == 3
+    events = read_events(out)
+    assert steps(events, "quality/fid") == [8] and steps(events, "loss/g_loss") == [2, 4, 6, 8]
+
 
 def test_no_tensorboard_writes_none_and_a_failed_write_does_not_stop_training(tmp_path, monkeypatch, capsys):
     train("pytorch", tmp_path / "off", "--iters", "2", "--no-tensorboard")
