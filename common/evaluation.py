@@ -189,9 +189,17 @@ def real_data_floor(count: int = MNIST_TEST_IMAGES) -> dict:
 FLAG_KEYS = [key for key in RESUME_KEYS if key not in ("model", "framework")] + ["amp_dtype", "device"]
 
 
-def rerun_flags(config: dict, step: int) -> list[str]:
-    """The flags that reopen this run exactly as it was trained."""
+AMP_DTYPES = {"amp-fp16": "float16", "amp-bf16": "bfloat16"}
+
+
+def rerun_flags(config: dict, step: int, device: str | None = None) -> list[str]:
+    """The flags that reopen this run exactly as it was trained; on `device` ("cpu", "cuda")
+    instead of its own, if given (a run trained on a GPU, evaluated where there is none)."""
     config = settings_as_today(config)
+    if device:
+        config = {**config, "device": device}
+        if config.get("precision") in AMP_DTYPES:  # "auto" would pick another 16-bit type there
+            config["amp_dtype"] = AMP_DTYPES[config["precision"]]
     flags = ["--amp"] if config.get("amp") else []
     for key in FLAG_KEYS:
         value = config.get(key)
@@ -222,17 +230,18 @@ def check_evaluable(folder: Path) -> None:
                         "train it: continue it with --resume first")
 
 
-def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1) -> dict:
+def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1, device: str | None = None) -> dict:
     """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
-    left to train) and `--evaluate samples`; return the metrics it wrote to summary.json, with
-    "draws" as `evaluate` returns them under --eval-draws."""
+    left to train; on `device` instead of its own, if given) and `--evaluate samples`; return
+    the metrics it wrote to summary.json, with "draws" as `evaluate` returns them under
+    --eval-draws."""
     check_evaluable(folder)
     config, summary = RunFolder(folder).read_finished()
     if config.get("model") not in models.MODELS or config.get("framework") not in models.FRAMEWORKS:
         raise UserError(f"{folder}: not a run of this repository (model {config.get('model')!r}, "
                         f"framework {config.get('framework')!r})")
     command = [sys.executable, str(models.MODELS[config["model"]].script(config["framework"])),
-               *rerun_flags(config, summary["step"]), f"--out={folder}", "--resume",
+               *rerun_flags(config, summary["step"], device), f"--out={folder}", "--resume",
                "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else []),
                *(["--eval-draws", str(draws)] if draws > 1 else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)

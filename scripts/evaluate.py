@@ -4,6 +4,7 @@
     python scripts/evaluate.py runs/vanilla_vae/tensorflow-amp-bf16 --iwae-k 5000
     python scripts/evaluate.py --draws 5 runs/dcgan/pytorch-fp32       # and 4 other draws of z
     python scripts/evaluate.py --floor                                 # MNIST train vs test
+    python scripts/evaluate.py --device cpu runs/dcgan/pytorch-amp-fp16  # trained on a GPU, measured here
 
 The run's own script reopens the run from its last checkpoint (`--resume` with nothing left to
 train, in a fresh process, under the run's precision; a run whose last checkpoint is not at its
@@ -41,6 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("--draws", type=flags.int_in(1, MAX_EVAL_DRAWS), default=1,
                         help="also measure on N-1 other draws of noise and print each metric's mean "
                              "and range over the N (the first draw is the run's own)")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        help="reopen the runs on this device, not the one each trained on (a run trained on "
+                             "a GPU, evaluated where there is none; the evaluation's noise is drawn there)")
     parser.add_argument("--floor", action="store_true", help="MNIST train vs test, the real-data floor")
     args = parser.parse_args(argv)
     if not args.runs and not args.floor:
@@ -49,7 +53,7 @@ def main(argv=None) -> int:
     for folder in args.runs:  # all of them before the first is measured
         evaluation.check_evaluable(folder)
     for folder in args.runs:
-        results = evaluation.evaluate_run(folder, args.samples, args.iwae_k, args.draws)
+        results = evaluation.evaluate_run(folder, args.samples, args.iwae_k, args.draws, args.device)
         draws = results.pop("draws", None)
         print(f"{folder}: " + ", ".join(f"{k} {evaluation.figure(v)}" for k, v in results.items()))
         if draws:

@@ -15,6 +15,12 @@ from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from scripts import evaluate as evaluate_script
 from VAE.vanilla_vae import vae_tensorflow
 
+
+def torch_sees_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 TINY = ["--batch-size", "32", "--data-limit", "256", "--log-every", "2", "--iters", "4"]
 
 
@@ -233,6 +239,26 @@ def test_evaluate_script_draws_record_each_draw_until_the_next_evaluation(tmp_pa
 
     assert evaluate_script.main([str(out), "--samples", "200"]) == 0
     assert "metrics_over_draws" not in json.loads((out / "summary.json").read_text())  # not this evaluation's
+
+
+@pytest.mark.skipif(torch_sees_cuda(), reason="evaluating on the run's own CUDA device would work here")
+@pytest.mark.parametrize("script", [gan_pytorch, gan_tensorflow], ids=["pytorch", "tensorflow"])
+def test_evaluate_script_measures_a_run_trained_on_a_gpu_on_the_device_it_is_told(script, tmp_path, capfd):
+    """A run trained under --amp on a GPU records device cuda and float16 through "auto"; where
+    there is no GPU, --device cpu reopens it there, in float16 still (its precision)."""
+    out = tmp_path / "run"
+    script.main(["--out", str(out), *TINY, "--iters", "2", "--amp", "--amp-dtype", "float16"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["precision"] == "amp-fp16"
+    on_gpu = {**config, "device": "cuda:0" if script is gan_pytorch else "cuda", "amp_dtype": "auto"}
+    (out / "config.json").write_text(json.dumps(on_gpu))
+
+    with pytest.raises(SystemExit):  # on its own device: the script's one line says what to do
+        evaluate_script.main([str(out), "--samples", "100"])
+    assert "use --device cpu" in capfd.readouterr().err  # the reopened script's line
+    assert evaluate_script.main([str(out), "--samples", "100", "--device", "cpu"]) == 0
+    assert "fid" in json.loads((out / "summary.json").read_text())["metrics"]
+    assert json.loads((out / "config.json").read_text()) == on_gpu  # where it trained, as it was
 
 
 def test_evaluate_script_errors_are_one_line(tmp_path, capsys):
