@@ -363,6 +363,14 @@ class RunFolder:
             changes = ", ".join(f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in differing)
             raise CheckpointError(f"--resume with other settings than the run in {self.path} "
                                   f"({changes}); use the run's settings or a new --out")
+        # --init-from says where a run started: a resumed one goes on from its checkpoint and
+        # keeps it (compare.py --reuse reads it), whether the command repeats it or leaves it out.
+        if config.get("init_from") is None:
+            config = {**config, "init_from": saved.get("init_from")}
+        elif config["init_from"] != saved.get("init_from"):
+            raise UsageError(f"--resume with --init-from {config['init_from']}, but the run in {self.path} started "
+                             f"from {saved.get('init_from') or 'its own initialisation'}: a resumed run goes on "
+                             "from its checkpoint; leave --init-from out")
         if self.latest_checkpoint() is None:
             raise CheckpointError(f"nothing to resume in {self.path}: no checkpoint left (it stopped before its "
                                   "first, or they were deleted); start it over with --overwrite instead of "

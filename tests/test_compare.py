@@ -78,6 +78,25 @@ def test_init_from_refuses_what_does_not_fit(tmp_path, capsys):
     assert exit_info.value.code == 1 and "holds weights of model 'vanilla_gan', this run is 'dcgan'" in err, err
 
 
+def test_a_resumed_run_keeps_where_it_started_from(tmp_path, capsys):
+    """--init-from is where a run started: --resume keeps it (compare.py --reuse reads it)
+    whether the command repeats it or leaves it out, and refuses another."""
+    train("pytorch", tmp_path / "source")
+    ported, source = tmp_path / "ported", str(tmp_path / "source")
+    train("tensorflow", ported, "--init-from", source)
+    started_from = lambda: json.loads((ported / "config.json").read_text())["init_from"]
+    assert started_from() == source
+
+    assert train("tensorflow", ported, "--resume", "--iters", "4")["step"] == 4
+    assert started_from() == source
+    with pytest.raises(SystemExit) as exit_info:
+        train("tensorflow", ported, "--resume", "--iters", "5", "--init-from", str(tmp_path / "other"))
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and f"the run in {ported} started from {source}" in err and "\n" not in err, err
+    assert train("tensorflow", ported, "--resume", "--iters", "5", "--init-from", source)["step"] == 5
+    assert started_from() == source
+
+
 def test_init_from_a_malformed_or_big_endian_rgb_weights_file_agrees_in_both_twins(tmp_path, capsys):
     """An RGB run's weights (its image-sized Dense axes are reordered for PyTorch): a 1-D kernel
     is one line in both twins (PyTorch: IndexError before), a big-endian file loads in both
