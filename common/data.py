@@ -141,11 +141,15 @@ def _uses_test_images(cfg) -> bool:
 def check_test_images(cfg, sample_shape: tuple) -> None:
     """One DataError line unless the test split's images (what fixed_test_images returns) have
     the training images' shape `sample_shape` (H, W, C): a network built for one size cannot
-    take the other."""
+    take the other; and, under --evaluate, unless there is at least one: the bounds are measured
+    on them (an empty split failed after the whole training, in both frameworks)."""
     test = load_dataset(cfg.dataset, cfg.data_dir, split="test", limit=1,
                         image_size=cfg.image_size, seed=cfg.seed)
+    where = f" in {cfg.data_dir}" if cfg.data_dir is not None else ""
+    if cfg.evaluate and len(test.x) == 0:
+        raise DataError(f"the {cfg.dataset} test split{where} has no images, and --evaluate measures the "
+                        "test ELBO and IWAE bound on them: add test images there, or leave out --evaluate")
     if test.sample_shape != tuple(sample_shape):
-        where = f" in {cfg.data_dir}" if cfg.data_dir is not None else ""
         raise DataError(f"the {cfg.dataset} test split{where} has images of {_describe_shape(test.sample_shape)} "
                         f"but the training images are {_describe_shape(sample_shape)}; the two splits must "
                         "come from the same dataset (or pass --image-size N to resize both)")

@@ -892,6 +892,18 @@ def test_a_vae_refuses_a_test_split_of_another_image_size_when_the_training_set_
     assert data.load_training_set(run_config("vanilla_gan", tmp_path)).sample_shape == (28, 28, 1)
 
 
+def test_a_vae_evaluated_on_an_empty_test_split_is_refused_before_training(tmp_path):
+    """--evaluate measures the VAE's bounds on the test images: with none, both frameworks
+    trained and then failed with a traceback (numpy's reshape of 0 images)."""
+    write_split(tmp_path, "train", 28)
+    write_split(tmp_path, "t10k", 28, count=0)
+    with data_error(f"the mnist test split in {tmp_path} has no images", "leave out --evaluate"):
+        data.load_training_set(run_config("vanilla_vae", tmp_path, evaluate=10))
+    # without --evaluate the grids reconstruct none; a GAN's --evaluate reads the embedded MNIST
+    assert len(data.load_training_set(run_config("vanilla_vae", tmp_path)).x) == 8
+    assert len(data.load_training_set(run_config("vanilla_gan", tmp_path, evaluate=10)).x) == 8
+
+
 def test_a_vae_without_test_files_is_refused_before_training(tmp_path):
     write_split(tmp_path, "train", 28)
     with data_error("holds no mnist test data"):

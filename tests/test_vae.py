@@ -75,12 +75,14 @@ def test_point_datasets_are_refused_in_one_line(framework, dataset, tmp_path, ca
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-def write_idx_mnist(folder, sides):
-    """Tiny IDX MNIST files: 64 random images per split, of the side each split names."""
+def write_idx_mnist(folder, sides, counts=None):
+    """Tiny IDX MNIST files: 64 random images per split (or as `counts` names), of the side each
+    split names."""
     rng = np.random.default_rng(0)
     for prefix, side in sides.items():
-        for kind, array in (("images-idx3", rng.integers(0, 256, (64, side, side), dtype=np.uint8)),
-                            ("labels-idx1", rng.integers(0, 10, 64, dtype=np.uint8))):
+        count = (counts or {}).get(prefix, 64)
+        for kind, array in (("images-idx3", rng.integers(0, 256, (count, side, side), dtype=np.uint8)),
+                            ("labels-idx1", rng.integers(0, 10, count, dtype=np.uint8))):
             header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
             (folder / f"{prefix}-{kind}-ubyte").write_bytes(header + array.tobytes())
     return folder
@@ -97,6 +99,21 @@ def test_a_test_split_of_another_image_size_is_refused_in_one_line(framework, tm
     assert err.startswith("error: ") and "\n" not in err, err
     assert "test split" in err and "20x20" in err and "training images are 28x28" in err, err
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_evaluate_on_an_empty_test_split_is_refused_in_one_line_before_training(framework, tmp_path, capsys):
+    """The bounds are measured on the test images: with none, the run trained and then ended in
+    a traceback (numpy's reshape of 0 images in vae_bounds)."""
+    data_dir = write_idx_mnist(tmp_path, {"train": 28, "t10k": 28}, counts={"t10k": 0})
+    with pytest.raises(SystemExit) as exit_info:
+        train(framework, tmp_path / "run", "--data-dir", str(data_dir), "--iters", "2", "--width", "8",
+              "--batch-size", "16", "--data-limit", "64", "--no-tensorboard", "--evaluate", "10")
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1
+    assert err == (f"error: the mnist test split in {data_dir} has no images, and --evaluate measures the test "
+                   "ELBO and IWAE bound on them: add test images there, or leave out --evaluate"), err
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made, nothing trained
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
