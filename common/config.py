@@ -33,6 +33,8 @@ SCALE_WARN_WINDOW = 200  # steps the loss scale may stay below --min-loss-scale 
 # instead of an allocation of hundreds of GiB. Past them nothing fits a single machine anyway.
 MAX_WIDTH = 4096          # about 10x the largest default (the VAE's 400)
 MAX_REPLICAS = 64         # --replicas: 8 GPUs to a machine; logical CPU devices past that only queue
+MAX_WORKERS = 64          # --workers: N forked DataLoader processes (PyTorch) or N tf.data map calls;
+                          # past a machine's cores they only queue, each a process or thread to start
 MAX_IMAGE_SIZE = 512      # DCGAN takes up to 64; an MLP's first layer grows with the square
 # FID-50k, the most GAN papers report; precision and recall's nearest neighbours cost the square
 # of it (44 s at 50,000 on 2 cores; 1,000,000 would take hours)
@@ -210,9 +212,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                       help="folder with the dataset's files (mnist without it: the embedded copy)")
     data.add_argument("--data-limit", type=flags.positive_int,
                       help="use only the first N training examples")
-    data.add_argument("--workers", type=flags.non_negative_int,
+    data.add_argument("--workers", type=flags.int_in(0, MAX_WORKERS),
                       help="0: the dataset stays on the device; N: a host loader with N worker "
-                           "processes (PyTorch DataLoader) or N parallel map calls (tf.data)")
+                           f"processes (PyTorch DataLoader) or N parallel map calls (tf.data); at most {MAX_WORKERS}")
     data.add_argument("--image-size", type=flags.int_in(1, MAX_IMAGE_SIZE),
                       help="resize images to N x N (image folders, or 28 -> 32 for conv nets)")
 
@@ -314,6 +316,9 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError("--weight-decay needs --optimizer adamw (Adam's L2 penalty is not offered)")
     if cfg.image_size and cfg.dataset in POINT_DATASETS:
         raise UsageError(f"--image-size resizes images; --dataset {cfg.dataset} is 2-D points: leave it out")
+    if cfg.data_dir and cfg.dataset in POINT_DATASETS:  # they are sampled, not read: the path was recorded unused
+        raise UsageError(f"--data-dir names the files of an image dataset; --dataset {cfg.dataset} is 2-D points "
+                         "sampled in memory: leave it out")
     if cfg.dataset in ("fashion-mnist", "cifar10", "folder") and not cfg.data_dir:
         raise UsageError(f"--dataset {cfg.dataset} needs --data-dir (no embedded copy)")
     if cfg.out and (problem := flags.output_problem(Path(cfg.out), folder=True)):

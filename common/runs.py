@@ -180,8 +180,8 @@ class Checkpoints(Protocol):
 def settings_as_today(saved: dict) -> dict:
     """A run's recorded settings in today's flags, for reopening it: runs recorded what has
     changed since."""
-    if saved.get("dataset") in POINT_DATASETS:  # --image-size: ignored for points, refused since
-        saved = {**saved, "image_size": None}
+    if saved.get("dataset") in POINT_DATASETS:  # --image-size, --data-dir: ignored for points, refused since
+        saved = {**saved, "image_size": None, "data_dir": None}
     if "ema_decay" not in saved:  # runs from before --ema-decay kept no average
         saved = {**saved, "ema_decay": 0.0}
     if isinstance(saved.get("data_dir"), str) and not os.path.isabs(saved["data_dir"]):

@@ -38,6 +38,7 @@ import torch
 
 from common import data as datasets
 from common import flags, models
+from common.config import MAX_WIDTH
 from common.errors import CheckpointError, UsageError, UserError, described, exit_on_user_error
 from common.flags import OneLineErrorParser
 from common.runs import RunFolder, check_regular_file
@@ -47,6 +48,7 @@ from scripts.parity import keras_to_torch, torch_to_keras
 # loss has a gradient penalty, a second derivative, that this step does not compute).
 GAN_MODELS = ("vanilla_gan", "lsgan", "dcgan")
 FLOAT32_LIMIT = 5e-2  # past this, the two frameworks' float32 gradients are of different weights
+MNIST_TRAIN_IMAGES = 60_000  # the batches' source: --batch-size x --batches must fit in it (measure checks the product)
 
 
 def relative_error(approximate: np.ndarray, exact: np.ndarray) -> float:
@@ -246,16 +248,16 @@ def main(argv=None) -> dict:
     parser = OneLineErrorParser(description=flags.first_paragraph(__doc__))
     parser.add_argument("--model", type=lambda name: models.get(name).key if name in models.NAMES else name,
                         choices=GAN_MODELS, help="default: vanilla_gan, or --weights' model (aliases as elsewhere)")
-    parser.add_argument("--width", type=int, help="the networks' width (default: the model's, or --weights' run's)")
+    parser.add_argument("--width", type=flags.int_in(1, MAX_WIDTH),
+                        help=f"the networks' width (default: the model's, or --weights' run's; at most {MAX_WIDTH})")
     parser.add_argument("--weights", type=flags.path, metavar="RUN_DIR",
                         help="the networks of a finished MNIST run's last checkpoint, either framework "
                              "(default: PyTorch's initialisation)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--batches", type=int, default=8, help="batches the errors are averaged over")
+    # at least 2: DCGAN's batch norm needs two examples to normalise over
+    parser.add_argument("--batch-size", type=flags.int_in(2, MNIST_TRAIN_IMAGES), default=64)
+    parser.add_argument("--batches", type=flags.int_in(1, MNIST_TRAIN_IMAGES // 2), default=8,
+                        help="batches the errors are averaged over")
     args = parser.parse_args(argv)
-    # DCGAN's batch norm needs two examples to normalise over
-    if args.batch_size < 2 or args.batches < 1 or (args.width is not None and args.width < 1):
-        raise UsageError("--batch-size must be at least 2, --batches and --width at least 1")
     with tf.device("/CPU:0"):  # beside PyTorch's CPU computation, also where a GPU is
         result = measure(args.model, args.width, args.batch_size, args.batches, weights=args.weights)
     print(f"{result['model']}, width {result['width']}: ||g_amp - g_fp32|| / ||g_fp32|| of one step's gradients, "

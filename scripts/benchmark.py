@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, flags, models
+from common.config import MAX_REPLICAS, MAX_WORKERS
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.runs import RunFolder, atomic_write
 
@@ -57,6 +58,10 @@ PRECISION_FLAGS = {"fp32": ["--tf32", "off"], "fp32-tf32": ["--tf32", "on"],
                    "amp-bf16": ["--amp", "--amp-dtype", "bfloat16", "--tf32", "off"],
                    "amp-fp16": ["--amp", "--amp-dtype", "float16", "--tf32", "off"]}
 COMPILERS = {"pytorch": ("torch.compile", "--compile"), "tensorflow": ("XLA", "--xla")}
+# Bounds of the counts below, far past any use: a typo (an extra zero) ends in a message, not in
+# a benchmark that runs for days. Each configuration is a fresh process, 300 steps by default.
+MAX_REPEAT = 100          # runs of every configuration; the median settles within a few
+MAX_ITERS = 1_000_000     # steps of each run: hours even for the fastest configuration
 PRESETS = {
     "paper-dcgan": dict(models=["dcgan"], iters=40, log_every=10,
                         flags=["--image-size", "64", "--width", "64", "--batch-size", "64"]),
@@ -167,16 +172,18 @@ def main(argv=None) -> int:
                              "fp32-tf32 float32 with TensorFloat-32 (on a GPU; the same as fp32 on a CPU)")
     parser.add_argument("--compiled", action="store_true",
                         help="also measure every configuration compiled: PyTorch --compile, TensorFlow --xla")
-    parser.add_argument("--repeat", type=int, default=1,
+    parser.add_argument("--repeat", type=flags.int_in(1, MAX_REPEAT), default=1,
                         help="runs per configuration, round robin; the table gives the median run (of an even "
-                             "count the slower middle one: use an odd count) and the range")
-    parser.add_argument("--workers", type=int, default=0,
-                        help="also measure every configuration with the host loader of N workers")
-    parser.add_argument("--replicas", type=int, default=0,
+                             f"count the slower middle one: use an odd count) and the range (1 to {MAX_REPEAT})")
+    # the model scripts' own bounds, checked here before the first configuration runs
+    parser.add_argument("--workers", type=flags.int_in(0, MAX_WORKERS), default=0,
+                        help=f"also measure every configuration with the host loader of N workers (1 to {MAX_WORKERS}; "
+                             "0: off)")
+    parser.add_argument("--replicas", type=flags.off_or_int_in(2, MAX_REPLICAS), default=0,
                         help="also measure every configuration with N data-parallel replicas "
-                             "(torchrun; TensorFlow: --distribute mirrored)")
-    parser.add_argument("--iters", type=int, default=300)
-    parser.add_argument("--log-every", type=int, default=50, help="steps per timed interval")
+                             f"(torchrun; TensorFlow: --distribute mirrored; 2 to {MAX_REPLICAS}; 0: off)")
+    parser.add_argument("--iters", type=flags.int_in(2, MAX_ITERS), default=300)
+    parser.add_argument("--log-every", type=flags.int_in(1, MAX_ITERS), default=50, help="steps per timed interval")
     parser.add_argument("--preset", choices=tuple(PRESETS),
                         help="a named configuration (its models, steps and flags; yours win)")
     parser.add_argument("--out", type=flags.output_folder, default=Path("runs/benchmark"))
@@ -185,9 +192,7 @@ def main(argv=None) -> int:
     args, args.flags = parser.parse_known_args(argv)
     args.flags = [*preset.get("flags", []), *args.flags]  # a model script takes a flag's last value
     args.models = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
-    if args.repeat < 1 or args.workers < 0 or args.replicas < 0 or args.replicas == 1:
-        raise UsageError("--repeat must be at least 1, --workers at least 0 and --replicas 0 (off) or at least 2")
-    if args.iters < 2 * args.log_every or args.log_every < 1:
+    if args.iters < 2 * args.log_every:
         raise UsageError("--iters must cover at least two --log-every intervals "
                          "(the first is warm-up and not counted)")
     configurations = [(model, framework, precision, compiled, workers, replicas)

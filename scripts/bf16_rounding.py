@@ -36,10 +36,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, models, quiet
-from common.errors import UsageError, exit_on_user_error
-from common.flags import OneLineErrorParser, first_paragraph
+from common.errors import exit_on_user_error
+from common.flags import OneLineErrorParser, first_paragraph, int_in
 
 SECOND_WEIGHT = 0.333984375  # 1/3 to bfloat16's precision: exact in bfloat16, so only the sum is rounded
+# Bounds of --count and --batch: an absurd value (an extra zero) ends in a message, not numpy's traceback
+MIN_COUNT = 1000        # fewer sums cannot tell the roundings apart
+MAX_COUNT = 10**8       # 500x the default; a few GiB of pairs and results per op already
+MAX_BATCH = 16_384      # 256x the models' 64: a 32x14x14 activation is then 0.8 GiB in float64, one of several
 
 
 def to_bfloat16(values: np.ndarray) -> np.ndarray:
@@ -232,13 +236,11 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = OneLineErrorParser(description=first_paragraph(__doc__))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
-    parser.add_argument("--count", type=int, default=200_000, help="sums per op (at least 1,000)")
-    parser.add_argument("--batch", type=int, default=64, help="the layers' batch (the models' default: 64)")
+    parser.add_argument("--count", type=int_in(MIN_COUNT, MAX_COUNT), default=200_000,
+                        help=f"sums per op ({MIN_COUNT:,} to {MAX_COUNT:,})")
+    parser.add_argument("--batch", type=int_in(1, MAX_BATCH), default=64,
+                        help=f"the layers' batch (the models' default: 64; at most {MAX_BATCH:,})")
     args = parser.parse_args(argv)
-    if args.count < 1000:
-        raise UsageError("--count must be at least 1,000: fewer sums cannot tell the roundings apart")
-    if args.batch < 1:
-        raise UsageError("--batch must be at least 1")
     pairs, exact = sample_pairs(args.count)
     rows = [row for framework in args.frameworks for row in measure(framework, pairs, exact)]
     print(f"CPU: {cpu.summary()}\n")

@@ -25,10 +25,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, models, quiet
-from common.errors import UsageError, exit_on_user_error
-from common.flags import OneLineErrorParser, first_paragraph
+from common.config import MAX_WIDTH
+from common.errors import exit_on_user_error
+from common.flags import OneLineErrorParser, first_paragraph, int_in
 
 BATCH, IMAGE = 64, 28
+MAX_CALLS = 100_000  # 1,000x the default: hours of timing at tens of ms a call, where 100 settle the medians
 
 
 def paired(first, second, calls: int) -> tuple[float, float, float]:
@@ -119,11 +121,11 @@ def main(argv=None) -> int:
     parser = OneLineErrorParser(description=first_paragraph(__doc__))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--amp", action="store_true", help="bfloat16 autocast / mixed_bfloat16 policy")
-    parser.add_argument("--calls", type=int, default=100, help="timed calls of each (at least 1)")
-    parser.add_argument("--width", type=int, default=32, help="DCGAN's width (the default: 32)")
+    parser.add_argument("--calls", type=int_in(1, MAX_CALLS), default=100,
+                        help=f"timed calls of each (1 to {MAX_CALLS:,})")
+    parser.add_argument("--width", type=int_in(1, MAX_WIDTH), default=32,
+                        help=f"DCGAN's width (the default: 32; at most {MAX_WIDTH}, as the model scripts' --width)")
     args = parser.parse_args(argv)
-    if args.calls < 1 or args.width < 1:
-        raise UsageError("--calls and --width must be at least 1")
     print(f"CPU: {cpu.summary()}")
     for framework in args.frameworks:
         steps = {"pytorch": pytorch_steps, "tensorflow": tensorflow_steps}[framework](args.width, args.amp)

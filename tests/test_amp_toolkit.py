@@ -479,6 +479,29 @@ def test_benchmark_writes_the_table_with_the_speedup(tmp_path, capsys, monkeypat
     assert exit_info.value.code == 2 and "two --log-every intervals" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    # the model scripts' bounds (common/config.py), before any configuration runs: 65 ran them all
+    (["--workers", "65"], "--workers: must be from 0 to 64, got 65"),
+    (["--workers", "-1"], "--workers: must be from 0 to 64, got -1"),
+    (["--replicas", "1"], "--replicas: must be 0 (off) or from 2 to 64, got 1"),
+    (["--replicas", "-2"], "--replicas: must be 0 (off) or from 2 to 64, got -2"),
+    (["--replicas", "100000000000000000000"], "--replicas: must be 0 (off) or from 2 to 64"),
+    (["--repeat", "0"], "--repeat: must be from 1 to 100, got 0"),
+    (["--iters", "100000000000000000000"], "--iters: must be from 2 to 1,000,000"),
+    (["--log-every", "0"], "--log-every: must be from 1 to 1,000,000, got 0"),
+])
+def test_benchmark_bounds_its_counts_before_running_anything(argv, message, tmp_path, capsys, monkeypatch):
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32",
+                        "--iters", "4", "--log-every", "2", "--out", str(tmp_path / "bench"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and message in err and "\n" not in err, err
+    assert scripts.commands == []
+
+
 def test_benchmark_gives_the_speedup_when_fp32_is_listed_last(tmp_path, monkeypatch):
     """--precisions amp-bf16 fp32: the AMP row is measured before its baseline, and once showed
     "-" for its speedup."""
@@ -809,8 +832,8 @@ def test_bf16_rounding_script_measures_both_frameworks_casts_as_rounded_to_neare
     assert ops[("pytorch", cast)] == ops[("tensorflow", cast)] == "to nearest"
     layers = [line for line in layers_table.splitlines() if line.startswith(("| pytorch", "| tensorflow"))]
     assert "layer (batch 2)" in layers_table and len(layers) == 3 * 3  # PyTorch eager, TensorFlow eager and XLA
-    for flags, message in ((["--count", "10"], "--count must be at least 1,000"),
-                           (["--batch", "0"], "--batch must be at least 1")):
+    for flags, message in ((["--count", "10"], "--count: must be from 1,000 to 100,000,000, got 10"),
+                           (["--batch", "0"], "--batch: must be from 1 to 16,384, got 0")):
         with pytest.raises(SystemExit) as exit_info:
             bf16_rounding.main(flags)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
@@ -875,10 +898,10 @@ def test_amp_gradients_refuses_bad_flags_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         amp_gradients.main(["--batch-size", "1"])
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and "--batch-size must be at least 2" in err and "\n" not in err, err
+    assert exit_info.value.code == 2 and "--batch-size: must be from 2 to 60,000" in err and "\n" not in err, err
     with pytest.raises(SystemExit) as exit_info:  # an alias is the model, as in the other scripts
         amp_gradients.main(["--model", "gan", "--batch-size", "1"])
-    assert exit_info.value.code == 2 and "--batch-size must be at least 2" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--batch-size: must be from 2 to 60,000" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         amp_gradients.main(["--model", "vae"])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err

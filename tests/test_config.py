@@ -55,6 +55,8 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--init-from", " "], "--init-from: must name a path"),
     (["--data-dir", ""], "--data-dir: must name a path"),
     (["--replicas", "1000"], "--replicas: must be from 1 to 64, got 1000"),  # ran for minutes building them
+    (["--workers", "1000"], "--workers: must be from 0 to 64, got 1000"),  # PyTorch forked 1,000 loader processes
+    (["--workers", "-1"], "--workers: must be from 0 to 64, got -1"),
 ])
 def test_invalid_flag_values_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -84,6 +86,10 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
     (["--weight-decay", "0.01"], "needs --optimizer adamw"),
     (["--dataset", "cifar10"], "needs --data-dir"),
     (["--dataset", "ring8", "--image-size", "32"], "--image-size resizes images; --dataset ring8 is 2-D points"),
+    # the mixtures read no files: the run went on and recorded a folder that was never read
+    (["--dataset", "ring8", "--data-dir", "/nonexistent/dir"], "--data-dir names the files of an image dataset; "
+                                                               "--dataset ring8 is 2-D points"),
+    (["--dataset", "grid25", "--data-dir", "."], "--dataset grid25 is 2-D points sampled in memory: leave it out"),
     (["--batch-size", "64", "--data-limit", "10"], "smaller than --batch-size"),
 ])
 def test_inconsistent_flags_raise_usage_errors(argv, message):

@@ -489,16 +489,18 @@ def test_a_checkpoint_from_before_the_foreach_update_resumes_with_it(tmp_path):
             for group in optimizer["param_groups"]} == {True}
 
 
-def test_a_mixture_run_that_recorded_an_image_size_still_resumes_and_evaluates(tmp_path):
-    """--image-size was ignored for the 2-D mixtures, and recorded; it is refused now, so the
-    runs that recorded one are reopened without it."""
+@pytest.mark.parametrize("key, value, flag", [("image_size", 32, "--image-size"),
+                                             ("data_dir", "/data/mnist", "--data-dir")])
+def test_a_mixture_run_that_recorded_an_image_flag_still_resumes_and_evaluates(key, value, flag, tmp_path):
+    """--image-size and --data-dir were ignored for the 2-D mixtures, and recorded; they are
+    refused now, so the runs that recorded one are reopened without it."""
     from common import evaluation
 
     run = tmp_path / "run"
     train(run, "--dataset", "ring8")
     config = json.loads((run / "config.json").read_text())
-    (run / "config.json").write_text(json.dumps({**config, "image_size": 32}))
-    assert "--image-size" not in evaluation.rerun_flags({**config, "image_size": 32}, 2)
+    (run / "config.json").write_text(json.dumps({**config, key: value}))
+    assert flag not in evaluation.rerun_flags({**config, key: value}, 2)
     assert train(run, "--dataset", "ring8", "--resume", "--iters", "4")["step"] == 4
 
 

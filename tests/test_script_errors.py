@@ -76,10 +76,30 @@ def test_help_still_prints_the_whole_help(capsys):
     ("--seed", "4294967296"), ("--seed", "-1"), ("--image-size", "100000"),
     ("--width", "1000000000000"), ("--evaluate", "100000000000"), ("--iwae-k", "100000000000"),
     ("--eval-draws", "0"), ("--eval-draws", "21"),
+    # TensorFlow: a traceback converting it to a tensor (10**20), or a C++ abort (std::bad_alloc, 3 * 10**9)
+    ("--workers", "100000000000000000000"), ("--workers", "3000000000"),
 ])
 def test_values_out_of_range_are_refused_at_parse_time(framework, flag, value, capsys):
     err = one_line_exit(capsys, lambda: parse_args("vanilla_gan", framework, [flag, value]), code=2)
     assert f"argument {flag}: must be from" in err or f"argument {flag}: must be 0 (off) or from" in err
+
+
+HUGE = "100000000000000000000"  # 10**20: past int64, where numpy and the frameworks raised their own errors
+
+
+@pytest.mark.parametrize("script, argv, flag", [
+    ("end_layers", ["--frameworks", "pytorch", "--calls", "1", "--width", HUGE], "--width"),  # TypeError: Overflow
+    ("end_layers", ["--frameworks", "pytorch", "--width", "1", "--calls", HUGE], "--calls"),  # Maximum dimension
+    ("bf16_rounding", ["--frameworks", "pytorch", "--count", HUGE], "--count"),
+    ("bf16_rounding", ["--frameworks", "pytorch", "--count", "1000", "--batch", HUGE], "--batch"),
+    ("amp_gradients", ["--width", HUGE, "--batch-size", "2", "--batches", "1"], "--width"),
+    ("amp_gradients", ["--batch-size", "60001"], "--batch-size"),  # MNIST's 60,000 training images
+    ("amp_gradients", ["--batches", HUGE], "--batches"),
+])
+def test_a_helper_scripts_absurd_count_is_refused_at_parse_time(script, argv, flag, capsys):
+    main = importlib.import_module(f"scripts.{script}").main
+    err = one_line_exit(capsys, lambda: main(argv), code=2)
+    assert f"argument {flag}: must be from" in err, err
 
 
 def test_the_largest_seed_is_taken():
