@@ -242,12 +242,19 @@ def main(argv=None) -> int:
     if len(set(args.seeds)) != len(args.seeds):
         raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds")
 
+    chosen = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
+    takes = {model: ("mnist",) if models.MODELS[model].images_only else DATASETS for model in chosen}
+    if not any(dataset in args.datasets for model in chosen for dataset in takes[model]):
+        # the table would hold the real-data row alone, written over the one there
+        takers = " ".join(model for model, entry in models.MODELS.items() if not entry.images_only)
+        raise UsageError(f"--models {' '.join(chosen)}: MNIST images only, no --datasets "
+                         f"{' '.join(args.datasets)}; add mnist, or a model that takes them ({takers})")
+
     from common import evaluation
 
     rows = []
-    for model in dict.fromkeys(models.get(name).key for name in args.models):  # an alias once
-        takes = ("mnist",) if models.MODELS[model].images_only else DATASETS
-        for dataset in (d for d in takes if d in args.datasets):
+    for model in chosen:
+        for dataset in (d for d in takes[model] if d in args.datasets):
             for framework in args.frameworks:
                 runs, fp32_fids = seed_runs(model, dataset, framework, args)
                 rows += runs

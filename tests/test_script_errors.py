@@ -483,6 +483,21 @@ def test_evaluate_floor_compares_at_most_the_test_sets_images(monkeypatch, capsy
     assert counts == [10_000, 10_000] and "10000 MNIST training images vs as many test images: fid 1\n" in out
 
 
+def test_quality_table_refuses_models_and_datasets_that_make_no_run(tmp_path, capsys):
+    """DCGAN and the VAE take images only: asked for the 2-D mixtures alone, the table held the
+    real-data row only, written over the one in --runs."""
+    from scripts import quality_table
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "quality_table.md").write_text("the table measured before\n")
+    argv = ["--models", "dcgan", "vae", "--datasets", "ring8", "grid25", "--samples", "10", "--runs", str(runs)]
+    err = one_line_exit(capsys, lambda: quality_table.main(argv), code=2)
+    assert ("--models dcgan vanilla_vae: MNIST images only, no --datasets ring8 grid25; add mnist, or a model "
+            "that takes them (vanilla_gan lsgan wgan_gp)") in err
+    assert (runs / "quality_table.md").read_text() == "the table measured before\n"
+
+
 def test_quality_table_refuses_a_file_for_runs(tmp_path, capsys):
     from scripts import quality_table
 
