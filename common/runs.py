@@ -39,7 +39,7 @@ RUN_ENTRY = re.compile(r"(config\.json|history\.jsonl|summary\.json|fixed_noise\
                        r"|samples|checkpoints|profile|events\.out\.tfevents\..+|fixed_noise\.npy\.tmp"
                        r"|\.(config\.json|history\.jsonl|summary\.json|initial_weights\.npz)\.tmp-\d+)")
 # ... and what it writes inside its samples/ and checkpoints/ (with atomic_write's temporary files)
-FOLDER_ENTRY = {"samples": re.compile(r"step_\d{6,}(_recon)?\.png"),
+FOLDER_ENTRY = {"samples": re.compile(r"step_\d{6,}(_recon)?\.png|\.step_\d{6,}(_recon)?\.png\.tmp-\d+"),
                 "checkpoints": re.compile(r"(diverged_)?step_\d{6,}\.(pt|npz)"
                                           r"|\.(diverged_)?step_\d{6,}\.(pt|npz)\.tmp-\d+")}
 BATCH_STREAM = 11  # numpy stream for the batch order, apart from the fixed noise's

@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 
 from common.data import npy_claims  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from common.runs import atomic_write  # noqa: E402
 
 NOISE_STREAM = 7  # keeps the fixed noise independent of other numpy streams drawn from --seed
 GRID_IMAGES = 64  # an 8x8 grid of images
@@ -86,9 +87,9 @@ def save_image_grid(images: np.ndarray, path: Path, value_range=(-1.0, 1.0),
     grid = image_grid(unit, columns=columns)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if grid.shape[-1] == 1:
-        plt.imsave(path, grid[..., 0], cmap="gray", vmin=0.0, vmax=1.0)
+        atomic_write(path, lambda file: plt.imsave(file, grid[..., 0], cmap="gray", vmin=0.0, vmax=1.0, format="png"))
     else:
-        plt.imsave(path, grid)
+        atomic_write(path, lambda file: plt.imsave(file, grid, format="png"))
 
 
 def save_scatter(samples: np.ndarray, path: Path, real: np.ndarray | None = None,
@@ -103,7 +104,7 @@ def save_scatter(samples: np.ndarray, path: Path, real: np.ndarray | None = None
     axes.legend(loc="upper right", fontsize=7, markerscale=4)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    figure.savefig(path)
+    atomic_write(path, lambda file: figure.savefig(file, format="png"))
     plt.close(figure)
 
 

@@ -70,6 +70,7 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
     (run / "samples" / "my_notes.txt").write_text("x")  # kept too, in the run's own folders
     (run / "checkpoints" / "best_keep.pt").write_text("x")
     (run / "checkpoints" / ".step_000007.pt.tmp-12").write_text("x")  # a killed save's leftover
+    (run / "samples" / ".step_000003.png.tmp-12").write_text("x")  # a killed grid's
     refused(capsys, "already holds a run", run, code=2)
     capsys.readouterr()
     train(run, "--overwrite", "--iters", "1")  # the run is replaced, all of it, and nothing else
@@ -80,6 +81,19 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
                                                                   "step_000001.png"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best_keep.pt", "step_000001.pt"]
     assert json.loads((run / "config.json").read_text())["iters"] == 1
+
+
+def test_a_grid_is_written_over_whatever_holds_its_name(tmp_path):
+    """A grid is written to a temporary file and renamed over its path: a FIFO there was a
+    traceback (or a blocked open), and a run killed mid-write leaves no half a PNG."""
+    run = tmp_path / "run"
+    train(run, "--sample-every", "2")
+    os.mkfifo(run / "samples" / "step_000004.png")
+    assert train(run, "--sample-every", "2", "--resume", "--iters", "4")["step"] == 4
+    grid = run / "samples" / "step_000004.png"
+    assert grid.is_file() and grid.read_bytes().startswith(b"\x89PNG")
+    assert sorted(path.name for path in (run / "samples").iterdir()) == [
+        "step_000000.png", "step_000002.png", "step_000004.png"]  # no temporary file left
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON past Python's recursion limit
