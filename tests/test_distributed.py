@@ -147,6 +147,31 @@ def test_torchrun_is_recognised_by_its_world_size(monkeypatch):
     assert runtime.launched_by_torchrun()
 
 
+@pytest.mark.parametrize("joins_in_s", [0.5, 0.0])
+def test_a_replica_slow_to_join_says_what_it_waits_for(joins_in_s, monkeypatch, capsys):
+    """WORLD_SIZE left in the environment: the process waited 10 minutes for replicas that never
+    came, saying nothing. A join slower than JOIN_NOTICE_S says so, one that ends sooner does not."""
+    from common.errors import UserError
+    from common.pytorch import runtime
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(runtime, "JOIN_NOTICE_S", 0.1)
+
+    def no_other_replica(*args, **kwargs):  # as gloo ends the wait, at its timeout
+        time.sleep(joins_in_s)
+        raise RuntimeError("Timed out waiting for clients")
+
+    monkeypatch.setattr(runtime.dist, "init_process_group", no_other_replica)
+    with pytest.raises(UserError, match="could not join the other replicas"):
+        runtime.start_replicas("cpu", sync_bn=False)
+    time.sleep(0.2)  # past the notice's time: cancelled, it stays unsaid
+    notice = ("waiting for the other 1 replica(s) at 127.0.0.1:29999 (WORLD_SIZE 2 in the environment: "
+              "torchrun's, or left over?); up to 10 minutes, Ctrl-C stops it\n")
+    assert capsys.readouterr().err == (notice if joins_in_s else "")
+
+
 # --- two replicas against one process -------------------------------------------------------
 
 @pytest.mark.parametrize("model,dataset,second_half", [

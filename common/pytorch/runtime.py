@@ -23,6 +23,8 @@ import os
 import random
 import re
 import resource
+import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -40,6 +42,7 @@ from common.pytorch import amp
 # How long a replica waits for the others at a collective before it gives up with one line
 # (a replica that dies closes its connections, and the others learn of it at once).
 REPLICA_TIMEOUT = timedelta(minutes=10)
+JOIN_NOTICE_S = 20  # a join slower than this says what it waits for
 
 
 def launched_by_torchrun() -> bool:
@@ -203,10 +206,22 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
     local_rank = _environment_int("LOCAL_RANK", 0)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
+    # torchrun starts every replica at once and they join within seconds; a longer wait is for
+    # replicas that may never come (WORLD_SIZE left in the environment, a launch on one machine
+    # of two), and it said nothing for 10 minutes.
+    world_size = _environment_int("WORLD_SIZE", 1)
+    notice = threading.Timer(JOIN_NOTICE_S, lambda: print(
+        f"waiting for the other {world_size - 1} replica(s) at {os.environ.get('MASTER_ADDR')}:"
+        f"{os.environ.get('MASTER_PORT')} (WORLD_SIZE {world_size} in the environment: torchrun's, or left "
+        f"over?); up to {REPLICA_TIMEOUT.seconds // 60} minutes, Ctrl-C stops it", file=sys.stderr, flush=True))
+    notice.daemon = True
+    notice.start()
     try:
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=REPLICA_TIMEOUT)
     except (dist.DistError, RuntimeError, ValueError) as error:
         raise UserError(f"could not join the other replicas ({first_line(error)})") from None
+    finally:
+        notice.cancel()
     atexit.register(_leave)
     control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
     return Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)
