@@ -231,6 +231,13 @@ def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_a
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"], "ps": ["a:2"]}, '
                                        '"task": {"type": "worker", "index": 0}}', "names ps besides the workers"),
     (["--distribute", "multi-worker"], "[" * 100000, "not a worker cluster"),
+    # no port, or none a socket takes: TensorFlow's C++ error lines came before ours
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}',
+     "TF_CONFIG's worker 'localhost' is not host:port (a port from 1 to 65535)"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1", "b:70000"]}, '
+                                       '"task": {"type": "worker", "index": 0}}', "worker 'b:70000' is not host:port"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": [":2222"]}, "task": {"type": "worker", "index": 0}}',
+     "worker ':2222' is not host:port"),
 ])
 def test_a_strategy_that_cannot_start_is_refused_before_tensorflow_sees_it(monkeypatch, flags, tf_config, words):
     from common.config import parse_args
