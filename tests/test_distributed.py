@@ -150,7 +150,8 @@ def test_torchrun_is_recognised_by_its_world_size(monkeypatch):
 @pytest.mark.parametrize("joins_in_s", [0.5, 0.0])
 def test_a_replica_slow_to_join_says_what_it_waits_for(joins_in_s, monkeypatch, capsys):
     """WORLD_SIZE left in the environment: the process waited 10 minutes for replicas that never
-    came, saying nothing. A join slower than JOIN_NOTICE_S says so, one that ends sooner does not."""
+    came, saying nothing, and Ctrl-C did not stop it. A join slower than JOIN_NOTICE_S says so,
+    one that ends sooner does not."""
     from common.errors import UserError
     from common.pytorch import runtime
 
@@ -159,13 +160,19 @@ def test_a_replica_slow_to_join_says_what_it_waits_for(joins_in_s, monkeypatch, 
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(runtime, "JOIN_NOTICE_S", 0.1)
 
+    handlers = []
+
     def no_other_replica(*args, **kwargs):  # as gloo ends the wait, at its timeout
+        handlers.append(signal.getsignal(signal.SIGINT))
         time.sleep(joins_in_s)
         raise RuntimeError("Timed out waiting for clients")
 
     monkeypatch.setattr(runtime.dist, "init_process_group", no_other_replica)
+    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(UserError, match="could not join the other replicas"):
         runtime.start_replicas("cpu", sync_bn=False)
+    # Ctrl-C ends the wait: it is in C++, where Python's handler never ran (it was ignored)
+    assert handlers == [signal.SIG_DFL] and signal.getsignal(signal.SIGINT) is before
     time.sleep(0.2)  # past the notice's time: cancelled, it stays unsaid
     notice = ("waiting for the other 1 replica(s) at 127.0.0.1:29999 (WORLD_SIZE 2 in the environment: "
               "torchrun's, or left over?); up to 10 minutes, Ctrl-C stops it\n")

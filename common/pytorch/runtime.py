@@ -23,6 +23,7 @@ import os
 import random
 import re
 import resource
+import signal
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -213,15 +214,22 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
     notice = threading.Timer(JOIN_NOTICE_S, lambda: print(
         f"waiting for the other {world_size - 1} replica(s) at {os.environ.get('MASTER_ADDR')}:"
         f"{os.environ.get('MASTER_PORT')} (WORLD_SIZE {world_size} in the environment: torchrun's, or left "
-        f"over?); up to {REPLICA_TIMEOUT.seconds // 60} minutes, Ctrl-C stops it", file=sys.stderr, flush=True))
+        f"over?); up to {int(REPLICA_TIMEOUT.total_seconds()) // 60} minutes, Ctrl-C stops it",
+        file=sys.stderr, flush=True))
     notice.daemon = True
     notice.start()
+    # The join waits in C++, where Python's SIGINT handler never runs: Ctrl-C ends the process
+    # there, as the kernel's default does (nothing is trained yet to be lost).
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGINT, signal.SIG_DFL) if in_main_thread else None
     try:
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=REPLICA_TIMEOUT)
     except (dist.DistError, RuntimeError, ValueError) as error:
         raise UserError(f"could not join the other replicas ({first_line(error)})") from None
     finally:
         notice.cancel()
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous_handler)
     atexit.register(_leave)
     control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
     return Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)
