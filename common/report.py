@@ -129,7 +129,7 @@ def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
             if column == 0:
                 axis.set_ylabel(f"step {step}", fontsize=10)
     fig.tight_layout()
-    atomic_write(path, lambda file: fig.savefig(file, format="png", dpi=100))
+    atomic_write(path, lambda file: fig.savefig(file, format="png", dpi=100), durable=False)
     plt.close(fig)
 
 
@@ -164,7 +164,7 @@ def loss_figure(sides: list[Side], path: Path) -> None:
             axis.set_yscale("log", base=2)
         axis.legend(fontsize=8)
     fig.tight_layout()
-    atomic_write(path, lambda file: fig.savefig(file, format="png", dpi=100))
+    atomic_write(path, lambda file: fig.savefig(file, format="png", dpi=100), durable=False)
     plt.close(fig)
 
 

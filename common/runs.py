@@ -45,21 +45,30 @@ FOLDER_ENTRY = {"samples": re.compile(r"step_\d{6,}(_recon)?\.png|\.step_\d{6,}(
 BATCH_STREAM = 11  # numpy stream for the batch order, apart from the fixed noise's
 
 
-def atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write, durable: bool = True) -> None:
     """Write through `write(file)` to a temporary file, then rename over `path`.
 
-    A crash leaves either the old file or the new one, never a half-written file.
+    A crash leaves either the old file or the new one, never a half-written file; `durable`
+    (fsync) keeps it so through a power cut too, which a figure that can be drawn again from
+    the run does not need.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as file:
             write(file)
-            file.flush()
-            os.fsync(file.fileno())
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def same_path(typed, recorded) -> bool:
+    """Two paths as typed (`src`, `./src/`) naming the same place from the working folder."""
+    return (isinstance(typed, str) and isinstance(recorded, str)
+            and os.path.abspath(typed) == os.path.abspath(recorded))
 
 
 def _is_number(value) -> bool:
@@ -365,9 +374,9 @@ class RunFolder:
                                   f"({changes}); use the run's settings or a new --out")
         # --init-from says where a run started: a resumed one goes on from its checkpoint and
         # keeps it (compare.py --reuse reads it), whether the command repeats it or leaves it out.
-        if config.get("init_from") is None:
+        if config.get("init_from") is None or same_path(config["init_from"], saved.get("init_from")):
             config = {**config, "init_from": saved.get("init_from")}
-        elif config["init_from"] != saved.get("init_from"):
+        else:
             raise UsageError(f"--resume with --init-from {config['init_from']}, but the run in {self.path} started "
                              f"from {saved.get('init_from') or 'its own initialisation'}: a resumed run goes on "
                              "from its checkpoint; leave --init-from out")

@@ -87,9 +87,10 @@ def save_image_grid(images: np.ndarray, path: Path, value_range=(-1.0, 1.0),
     grid = image_grid(unit, columns=columns)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if grid.shape[-1] == 1:
-        atomic_write(path, lambda file: plt.imsave(file, grid[..., 0], cmap="gray", vmin=0.0, vmax=1.0, format="png"))
+        atomic_write(path, lambda file: plt.imsave(file, grid[..., 0], cmap="gray", vmin=0.0, vmax=1.0, format="png"),
+                     durable=False)
     else:
-        atomic_write(path, lambda file: plt.imsave(file, grid, format="png"))
+        atomic_write(path, lambda file: plt.imsave(file, grid, format="png"), durable=False)
 
 
 def save_scatter(samples: np.ndarray, path: Path, real: np.ndarray | None = None,
@@ -104,7 +105,7 @@ def save_scatter(samples: np.ndarray, path: Path, real: np.ndarray | None = None
     axes.legend(loc="upper right", fontsize=7, markerscale=4)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    atomic_write(path, lambda file: figure.savefig(file, format="png"))
+    atomic_write(path, lambda file: figure.savefig(file, format="png"), durable=False)
     plt.close(figure)
 
 

@@ -78,7 +78,7 @@ def test_init_from_refuses_what_does_not_fit(tmp_path, capsys):
     assert exit_info.value.code == 1 and "holds weights of model 'vanilla_gan', this run is 'dcgan'" in err, err
 
 
-def test_a_resumed_run_keeps_where_it_started_from(tmp_path, capsys):
+def test_a_resumed_run_keeps_where_it_started_from(tmp_path, capsys, monkeypatch):
     """--init-from is where a run started: --resume keeps it (compare.py --reuse reads it)
     whether the command repeats it or leaves it out, and refuses another."""
     train("pytorch", tmp_path / "source")
@@ -94,6 +94,9 @@ def test_a_resumed_run_keeps_where_it_started_from(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and f"the run in {ported} started from {source}" in err and "\n" not in err, err
     assert train("tensorflow", ported, "--resume", "--iters", "5", "--init-from", source)["step"] == 5
+    assert started_from() == source
+    monkeypatch.chdir(tmp_path)  # the same folder, typed another way
+    assert train("tensorflow", ported, "--resume", "--iters", "6", "--init-from", "./source/")["step"] == 6
     assert started_from() == source
 
 
