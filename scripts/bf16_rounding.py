@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     parser = OneLineErrorParser(description=first_paragraph(__doc__))
     parser.add_argument("--frameworks", nargs="+", choices=models.FRAMEWORKS, default=list(models.FRAMEWORKS))
     parser.add_argument("--count", type=int_in(MIN_COUNT, MAX_COUNT), default=200_000,
-                        help=f"sums per op ({MIN_COUNT:,} to {MAX_COUNT:,})")
+                        help=f"sums per op ({MIN_COUNT:,} to {MAX_COUNT:,}: fewer cannot tell the roundings apart)")
     parser.add_argument("--batch", type=int_in(1, MAX_BATCH), default=64,
                         help=f"the layers' batch (the models' default: 64; at most {MAX_BATCH:,})")
     args = parser.parse_args(argv)

@@ -238,6 +238,8 @@ def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_a
                                        '"task": {"type": "worker", "index": 0}}', "worker 'b:70000' is not host:port"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": [":2222"]}, "task": {"type": "worker", "index": 0}}',
      "worker ':2222' is not host:port"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:%s"]}, "task": {"type": "worker", "index": 0}}'
+     % ("1" * 5000), "is not host:port"),  # past int()'s 4,300 digits: a ValueError of its own
 ])
 def test_a_strategy_that_cannot_start_is_refused_before_tensorflow_sees_it(monkeypatch, flags, tf_config, words):
     from common.config import parse_args

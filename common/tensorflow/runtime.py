@@ -318,7 +318,7 @@ def _read_tf_config() -> dict:
         raise UsageError(f"TF_CONFIG is not a worker cluster: expected {_CLUSTER_FORM}") from None
     for address in workers:  # TensorFlow's C++ printed its own errors first, then failed to join
         host, _, port = address.rpartition(":")
-        if not (host and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        if not (host and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
             raise UsageError(f"TF_CONFIG's worker {address!r} is not host:port (a port from 1 to 65535): "
                              f"expected {_CLUSTER_FORM}")
     others = sorted(set(cluster["cluster"]) - {"worker"})
