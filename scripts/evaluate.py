@@ -1,9 +1,9 @@
 """Measure the quality of a trained run of either framework and write it into its summary.json.
 
-    python scripts/evaluate.py runs/dcgan/pytorch-fp32                 # 10,000 samples
+    python scripts/evaluate.py runs/dcgan/pytorch-fp32                   # 10,000 samples
     python scripts/evaluate.py runs/vanilla_vae/tensorflow-amp-bf16 --iwae-k 5000
-    python scripts/evaluate.py --draws 5 runs/dcgan/pytorch-fp32       # and 4 other draws of z
-    python scripts/evaluate.py --floor                                 # MNIST train vs test
+    python scripts/evaluate.py --draws 5 runs/dcgan/pytorch-fp32         # and 4 other draws of z
+    python scripts/evaluate.py --floor                                   # MNIST train vs test
     python scripts/evaluate.py --device cpu runs/dcgan/pytorch-amp-fp16  # trained on a GPU, measured here
 
 The run's own script reopens the run from its last checkpoint (`--resume` with nothing left to
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
                              "and range over the N (the first draw is the run's own)")
     parser.add_argument("--device", choices=("cpu", "cuda"),
                         help="reopen the runs on this device, not the one each trained on (a run trained on "
-                             "a GPU, evaluated where there is none; the evaluation's noise is drawn there)")
+                             "a GPU, evaluated where there is none: the same z, the device's rounding)")
     parser.add_argument("--floor", action="store_true", help="MNIST train vs test, the real-data floor")
     args = parser.parse_args(argv)
     if not args.runs and not args.floor:
