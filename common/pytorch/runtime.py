@@ -228,7 +228,7 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
         raise UserError(f"could not join the other replicas ({first_line(error)})") from None
     finally:
         notice.cancel()
-        if in_main_thread:
+        if previous_handler is not None:  # None: one not set from Python, which cannot be set back
             signal.signal(signal.SIGINT, previous_handler)
     atexit.register(_leave)
     control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
