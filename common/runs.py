@@ -66,9 +66,8 @@ def atomic_write(path: Path, write, durable: bool = True) -> None:
 
 
 def same_path(typed, recorded) -> bool:
-    """Two paths as typed (`src`, `./src/`) naming the same place from the working folder."""
-    return (isinstance(typed, str) and isinstance(recorded, str)
-            and os.path.abspath(typed) == os.path.abspath(recorded))
+    """Two paths as typed (`src`, `./src/`, `~/src`) naming the same place from the working folder."""
+    return isinstance(typed, str) and isinstance(recorded, str) and flags.absolute(typed) == flags.absolute(recorded)
 
 
 def _is_number(value) -> bool:
