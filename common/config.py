@@ -360,6 +360,35 @@ def warn_if_bf16_emulated(precision: str, device_type: str, log=print) -> None:
             "emulated and AMP runs slower than float32 here; see the README's benchmark")
 
 
+LOSS_SCALING_FLAGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "min_loss_scale")
+
+
+def unused_flags(cfg: RunConfig, precision: str, device_type: str) -> list[str]:
+    """The flags set away from their defaults that this run never reads, each with why. Every
+    script takes the same flags (quality_table.py passes one command to every model), so they
+    are accepted; a note says they did nothing, where silence would pass for an effect."""
+    defaults = RunConfig(model=cfg.model, framework=cfg.framework)
+    changed = {field.name for field in dataclasses.fields(RunConfig)
+               if getattr(cfg, field.name) != getattr(defaults, field.name)}
+    notes = []
+    scaling = [f"--{name.replace('_', '-')}" for name in LOSS_SCALING_FLAGS if name in changed]
+    if scaling and precision != "amp-fp16":
+        notes.append(f"{', '.join(scaling)}: only float16 scales its loss, and this run is "
+                     f"{'float32' if precision == 'fp32' else 'bfloat16'}")
+    if "iwae_k" in changed and models.get(cfg.model).family != "VAE":
+        notes.append("--iwae-k: the VAE's likelihood bound; a GAN has none")
+    elif "iwae_k" in changed and not cfg.evaluate:
+        notes.append("--iwae-k: the IWAE bound is measured under --evaluate N only")
+    if "tf32" in changed and device_type != "cuda":
+        notes.append(f"--tf32 {cfg.tf32}: TensorFloat-32 is an NVIDIA GPU's; a CPU computes float32 in full")
+    return notes
+
+
+def note_unused_flags(cfg: RunConfig, precision: str, device_type: str, log=print) -> None:
+    for note in unused_flags(cfg, precision, device_type):
+        log(f"note: {note}: ignored")
+
+
 def run_dir_for(cfg: RunConfig, precision: str) -> Path:
     if cfg.out:
         return Path(cfg.out)

@@ -54,6 +54,11 @@ def overrides(args) -> list[str]:
     return [*(["--iters", str(args.iters)] if args.iters else []), *(["--lr", str(args.lr)] if args.lr else [])]
 
 
+def iwae_k(model: str, args) -> int | None:
+    """--iwae-k, for the VAE: a GAN has no likelihood bound (its script would note it ignored)."""
+    return args.iwae_k if models.get(model).family == "VAE" else None
+
+
 def training_settings(model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict:
     """What shapes the weights of the run `ensure` would start (the settings --resume holds
     fixed, and --iters): the model's and the dataset's defaults under this script's flags. A
@@ -112,7 +117,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             done = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
             if done.get("step") == config["iters"]:
                 if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
-                    evaluate_run(folder, args.samples, args.iwae_k)
+                    evaluate_run(folder, args.samples, iwae_k(model, args))
                 return read_json(summary_path, ("step",), AGAIN)
             # A run stopped before its first checkpoint has nothing to resume: start it over.
             extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
@@ -120,7 +125,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     command = [sys.executable, str(models.MODELS[model].script(framework)), f"--out={folder}",
                "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,
                *(["--amp"] if amp else []), *overrides(args),
-               *(["--iwae-k", str(args.iwae_k)] if args.iwae_k else [])]
+               *(["--iwae-k", str(iwae_k(model, args))] if iwae_k(model, args) else [])]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
     status = run_child(command, f"{folder} saved a checkpoint; the same command continues it").returncode
     if status != 0:

@@ -2,7 +2,7 @@
 import pytest
 
 from common import models
-from common.config import RunConfig, parse_args, resolve_precision
+from common.config import RunConfig, parse_args, resolve_precision, unused_flags
 from common.errors import UsageError
 from GAN.vanilla_gan import hparams
 from tests.conftest import run_script
@@ -204,3 +204,39 @@ def test_a_batch_that_does_not_divide_into_packs_is_refused_on_points_only(model
     with pytest.raises(UsageError, match=f"packs of {hparams.POINT_PACK}"):
         parse_args(model, "pytorch", ["--dataset", "ring8", "--batch-size", "63"])
     assert parse_args(model, "pytorch", ["--batch-size", "63"]).batch_size == 63  # MNIST: one by one
+
+
+@pytest.mark.parametrize("model, argv, precision, device, notes", [
+    ("vanilla_gan", [], "fp32", "cpu", []),
+    # loss scaling is float16's alone
+    ("vanilla_gan", ["--init-scale", "1024", "--growth-interval", "50"], "fp32", "cpu",
+     ["--init-scale, --growth-interval: only float16 scales its loss, and this run is float32"]),
+    ("vanilla_gan", ["--amp", "--min-loss-scale", "1"], "amp-bf16", "cpu",
+     ["--min-loss-scale: only float16 scales its loss, and this run is bfloat16"]),
+    ("vanilla_gan", ["--amp", "--amp-dtype", "float16", "--init-scale", "1024", "--growth-interval", "10"],
+     "amp-fp16", "cpu", []),
+    # the IWAE bound is the VAE's, measured under --evaluate
+    ("dcgan", ["--iwae-k", "50", "--evaluate", "100"], "fp32", "cpu",
+     ["--iwae-k: the VAE's likelihood bound; a GAN has none"]),
+    ("vae", ["--iwae-k", "50"], "fp32", "cpu", ["--iwae-k: the IWAE bound is measured under --evaluate N only"]),
+    ("vae", ["--iwae-k", "50", "--evaluate", "100"], "fp32", "cpu", []),
+    # TensorFloat-32 is a GPU's
+    ("vanilla_gan", ["--tf32", "off"], "fp32", "cpu",
+     ["--tf32 off: TensorFloat-32 is an NVIDIA GPU's; a CPU computes float32 in full"]),
+    ("vanilla_gan", ["--tf32", "off", "--init-scale", "1024"], "amp-fp16", "cuda", []),
+])
+def test_flags_a_run_never_reads_are_named(model, argv, precision, device, notes):
+    for framework in ("pytorch", "tensorflow"):
+        assert unused_flags(parse_args(model, framework, argv), precision, device) == notes
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_run_notes_the_flags_it_ignores(framework, tmp_path, capsys):
+    from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
+
+    script = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}[framework]
+    script.main(["--out", str(tmp_path / "run"), "--dataset", "ring8", "--iters", "2", "--batch-size", "16",
+                 "--sample-every", "0", "--no-tensorboard", "--init-scale", "1024", "--iwae-k", "5"])
+    out = capsys.readouterr().out
+    assert ("note: --init-scale: only float16 scales its loss, and this run is float32: ignored\n"
+            "note: --iwae-k: the VAE's likelihood bound; a GAN has none: ignored\n") in out

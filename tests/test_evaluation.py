@@ -282,8 +282,13 @@ def test_quality_table_lr_overrides_every_models_learning_rate(tmp_path, capsys)
 
     argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "ring8", "--precisions",
             "fp32", "--iters", "4", "--samples", "100", "--runs", str(tmp_path)]
-    assert quality_table.main([*argv, "--lr", "1e-3"]) == 0
+    assert quality_table.main([*argv, "--lr", "1e-3", "--iwae-k", "7"]) == 0
     assert json.loads((tmp_path / "vanilla_gan" / "ring8" / "pytorch-fp32" / "config.json").read_text())["lr"] == 1e-3
+    # --iwae-k is the VAE's: a GAN's command goes without it (its script would note it ignored)
+    command = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quality_table: ")]
+    assert len(command) == 1 and "--iwae-k" not in command[0] and "--lr 0.001" in command[0]
+    asked = SimpleNamespace(iwae_k=7)
+    assert (quality_table.iwae_k("vae", asked), quality_table.iwae_k("dcgan", asked)) == (7, None)
 
     def tabulated(*extra):
         assert quality_table.main([*argv, *extra, "--table-only"]) == 0

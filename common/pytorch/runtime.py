@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from common import distributed
-from common.config import RunConfig, describe_precision, resolve_precision, warn_if_bf16_emulated
+from common.config import RunConfig, describe_precision, note_unused_flags, resolve_precision, warn_if_bf16_emulated
 from common.errors import UsageError, UserError, first_line
 from common.pytorch import amp
 
@@ -312,6 +312,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
     warn_if_bf16_emulated(precision, device.type, log)
+    note_unused_flags(cfg, precision, device.type, log)
     across = f" | {replicas.count} replicas (DDP, {'NCCL' if use_cuda else 'gloo'})" if replicas.count > 1 else ""
     log(f"{cfg.model} | pytorch {torch.__version__} | {device} | "
         f"{describe_precision(precision, device.type)}{f' | {tf32}' if use_cuda else ''}{across}")

@@ -35,7 +35,7 @@ import keras
 import tensorflow as tf
 
 from common import distributed, quiet
-from common.config import RunConfig, describe_precision, resolve_precision, warn_if_bf16_emulated
+from common.config import RunConfig, describe_precision, note_unused_flags, resolve_precision, warn_if_bf16_emulated
 from common.errors import UsageError, UserError, first_line
 from common.tensorflow import amp
 
@@ -388,6 +388,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     keras.mixed_precision.set_global_policy(amp.POLICIES[precision])  # before any layer is built
     tf.config.optimizer.set_experimental_options({"remapping": not fuses_float16_slowly(precision, device_type)})
     warn_if_bf16_emulated(precision, device_type, log)
+    note_unused_flags(cfg, precision, device_type, log)
     across = (f" | {replicas.count} replicas ({type(replicas.strategy).__name__}"
               f"{f', {replicas.workers} workers' if replicas.workers > 1 else ''})" if cfg.distribute else "")
     log(f"{cfg.model} | {describe_tensorflow()} | "
