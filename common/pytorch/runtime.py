@@ -26,6 +26,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -211,11 +212,16 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
     # replicas that may never come (WORLD_SIZE left in the environment, a launch on one machine
     # of two), and it said nothing for 10 minutes.
     world_size = _environment_int("WORLD_SIZE", 1)
-    notice = threading.Timer(JOIN_NOTICE_S, lambda: print(
-        f"waiting for the other {world_size - 1} replica(s) at {os.environ.get('MASTER_ADDR')}:"
-        f"{os.environ.get('MASTER_PORT')} (WORLD_SIZE {world_size} in the environment: torchrun's, or left "
-        f"over?); up to {int(REPLICA_TIMEOUT.total_seconds()) // 60} minutes, Ctrl-C stops it",
-        file=sys.stderr, flush=True))
+    started, said = time.monotonic(), threading.Event()  # a join that ends after the notice says so too
+
+    def say_what_it_waits_for():
+        said.set()
+        print(f"waiting for the other {world_size - 1} replica(s) at {os.environ.get('MASTER_ADDR')}:"
+              f"{os.environ.get('MASTER_PORT')} (WORLD_SIZE {world_size} in the environment: torchrun's, or "
+              f"left over?); up to {int(REPLICA_TIMEOUT.total_seconds()) // 60} minutes, Ctrl-C stops it",
+              file=sys.stderr, flush=True)
+
+    notice = threading.Timer(JOIN_NOTICE_S, say_what_it_waits_for)
     notice.daemon = True
     notice.start()
     # The join waits in C++, where Python's SIGINT handler never runs: Ctrl-C ends the process
@@ -230,6 +236,9 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
         notice.cancel()
         if previous_handler is not None:  # None: one not set from Python, which cannot be set back
             signal.signal(signal.SIGINT, previous_handler)
+    if said.is_set():
+        print(f"joined the other {world_size - 1} replica(s) after {time.monotonic() - started:.0f} s",
+              file=sys.stderr, flush=True)
     atexit.register(_leave)
     control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
     return Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)
