@@ -16,7 +16,6 @@ so every number has its reference.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from common import data as datasets
 from common import feature_net, metrics, models
 from common.config import MIXTURE_SAMPLES, POINT_DATASETS, RESUME_KEYS
 from common.errors import UserError, run_child
-from common.runs import RunFolder, settings_as_today
+from common.runs import RunFolder, read_json, settings_as_today
 
 EVAL_STREAM = 23  # numpy stream for evaluation noise, apart from the training streams
 DRAW_STREAM = 2   # under EVAL_STREAM: --eval-draws' further draws (1 is the VAE bounds' noise)
@@ -248,6 +247,6 @@ def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1,
     status = run_child(command, f"{folder} was not evaluated; the same command measures it").returncode
     if status != 0:
         raise UserError(f"evaluating {folder} failed (exit {status}); its output is above")
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = read_json(folder / "summary.json", ("step",))  # a metric that was inf/NaN (null) as NaN
     over_draws = {"draws": summary["metrics_over_draws"]} if "metrics_over_draws" in summary else {}
     return {**summary.get("metrics", {}), **over_draws}

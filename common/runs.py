@@ -2,7 +2,7 @@
 
 runs/<model>/<framework>-<precision>/
     config.json          the flags, the resolved precision and device, library versions (and earlier ones)
-    history.jsonl        one JSON object per logged step
+    history.jsonl        one JSON object per logged step (a loss that went inf/NaN: null)
     fixed_noise.npy      the noise every sample grid is drawn from
     initial_weights.npz  the step-0 weights, in the form --init-from reads in either framework
     samples/             step_XXXXXX.png (and the VAE's step_XXXXXX_recon.png)
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -65,6 +66,40 @@ def atomic_write(path: Path, write, durable: bool = True) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def finite_or_null(value):
+    """`value` with every inf, -inf and NaN float in it (through dicts, lists and tuples) as
+    None. JSON has no such numbers: Python's json writes bare NaN/Infinity, which strict parsers
+    (jq, JavaScript's JSON.parse) refuse; null is what pandas' to_json writes for them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
+def strict_json(value, **options) -> str:
+    """The JSON text of `value` with its non-finite floats as null (finite_or_null): what every
+    JSON file of a run folder and of the scripts' tables is written with. allow_nan=False makes
+    one that got past it (in a type finite_or_null does not walk) an error, not invalid JSON."""
+    return json.dumps(finite_or_null(value), allow_nan=False, **options)
+
+
+def null_as_nan(value):
+    """`value` with every None in it (through dicts and lists) as NaN: where a loss or a metric
+    was inf/NaN its file holds null (strict_json), read back as the NaN the arithmetic, plots
+    and tables downstream have always met there. A file from before, with bare NaN, reads as it
+    did (json.loads takes it)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {key: null_as_nan(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [null_as_nan(item) for item in value]
+    return value
+
+
 def same_path(typed, recorded) -> bool:
     """Two paths as typed (`src`, `./src/`, `~/src`) naming the same place from the working folder."""
     return isinstance(typed, str) and isinstance(recorded, str) and flags.absolute(typed) == flags.absolute(recorded)
@@ -99,10 +134,14 @@ FIELDS = {
                      "final": "an object of numbers", "metrics": "an object of numbers"},
     "config.json": {"model": "text", "framework": "text", "precision": "text", "device": "text", "iters": "a count"},
 }
+# The objects of a run folder's JSON files whose numbers may have been inf/NaN, written as null:
+# read back as NaN (null_as_nan). Elsewhere null keeps its own meaning (no median step time).
+NULL_AS_NAN = {"summary.json": ("final", "metrics", "metrics_over_draws")}
 
 
 def _is_history_row(row) -> bool:
-    """What a run logs: a step, numbers (losses, loss scale, step time) and the steps skipped."""
+    """What a run logs: a step, numbers (losses, loss scale, step time) and the steps skipped.
+    (A loss that was inf/NaN is null in the file, and NaN here: read_history reads it so.)"""
     return (isinstance(row, dict) and _is_count(row.get("step"))
             and all(_is_number(value) or (key == "skipped_at" and isinstance(value, list)
                                           and all(map(_is_count, value)))
@@ -126,6 +165,9 @@ def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
         raise UserError(f"{path} is damaged: not valid JSON ({first_line(error)}){hint}") from None
     if not isinstance(value, dict):
         raise UserError(f"{path} is damaged: a JSON {type(value).__name__}, not an object{hint}")
+    for key in NULL_AS_NAN.get(path.name, ()):
+        if isinstance(value.get(key), dict):
+            value[key] = null_as_nan(value[key])
     missing = [key for key in keys if key not in value]
     if missing:
         raise UserError(f"{path} is damaged: no {', '.join(map(repr, missing))}{hint}")
@@ -430,7 +472,7 @@ class RunFolder:
         # The whole line in one write(2) to a file opened O_APPEND, so a process killed at any
         # point leaves the row written or not (buffered text I/O may split it in two writes);
         # a full disk or a power cut can still cut it short, which read_history tolerates.
-        line = (json.dumps(row) + "\n").encode()
+        line = (strict_json(row) + "\n").encode()
         fd = os.open(self.history_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             os.write(fd, line)
@@ -440,7 +482,8 @@ class RunFolder:
             os.close(fd)
 
     def read_history(self) -> list[dict]:
-        """The logged rows. A last line cut short (a crash mid-append on an older version, a
+        """The logged rows, a loss that was inf/NaN (null in the file; bare NaN in one from
+        before) as NaN. A last line cut short (a crash mid-append on an older version, a
         full disk) is dropped: the run resumes from its checkpoint anyway. Anything else that is
         not a row is one UserError line naming the file."""
         if not self.history_file.exists():
@@ -464,6 +507,8 @@ class RunFolder:
                 if number == len(lines):  # the last line, cut short
                     break
                 row = None
+            if isinstance(row, dict):
+                row = null_as_nan(row)  # a null step or skipped_at stays no row: NaN is not a count
             if not _is_history_row(row):
                 raise UserError(f"{self.history_file} line {number} is not a history row "
                                 f"({line[:40]!r}); delete that line or the file")
@@ -477,13 +522,13 @@ class RunFolder:
             return
         rows = [row for row in self.read_history() if row["step"] <= last_step]
         atomic_write(self.history_file,
-                     lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))
+                     lambda f: f.write("".join(strict_json(r) + "\n" for r in rows).encode()))
 
     def write_summary(self, summary: dict) -> None:
         if not self.writable:
             return
         atomic_write(self.path / "summary.json",
-                     lambda f: f.write(json.dumps(summary, indent=2, sort_keys=True).encode()))
+                     lambda f: f.write(strict_json(summary, indent=2, sort_keys=True).encode()))
 
     def read_finished(self, hint: str = "") -> tuple[dict, dict]:
         """config.json and summary.json of a finished run (its framework, precision and step);

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import cpu, flags, models
 from common.config import MAX_REPLICAS, MAX_WORKERS
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
-from common.runs import RunFolder, atomic_write
+from common.runs import RunFolder, atomic_write, strict_json
 
 # Every row names TensorFloat-32 (a GPU's float32 matmuls and convolutions with a 10-bit
 # mantissa): off, so that fp32 is IEEE float32 and the AMP rows differ from it by autocast
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "benchmark.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.out / "benchmark.json", lambda f: f.write(
-        json.dumps({"machine": machine, "rows": rows, "failed": failures}, indent=2).encode()))
+        strict_json({"machine": machine, "rows": rows, "failed": failures}, indent=2).encode()))
     print(table)
     if failures:
         raise UserError(f"{len(failures)} of {len(configurations)} configurations failed (above); "

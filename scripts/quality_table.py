@@ -24,7 +24,6 @@ tell AMP's cost from chance.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import evaluate_run, sample_count
-from common.runs import RunFolder, atomic_write, read_json, settings_as_today
+from common.runs import RunFolder, atomic_write, read_json, settings_as_today, strict_json
 
 DATASETS = ("mnist", *POINT_DATASETS)
 AGAIN = "; --overwrite to train it again"
@@ -278,8 +277,8 @@ def main(argv=None) -> int:
     args.runs.mkdir(parents=True, exist_ok=True)
     atomic_write(args.runs / "quality_table.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.runs / "quality_table.json",
-                 lambda f: f.write(json.dumps({"argv": argv if argv is not None else sys.argv[1:],
-                                               "rows": rows}, indent=2).encode()))
+                 lambda f: f.write(strict_json({"argv": argv if argv is not None else sys.argv[1:],
+                                                "rows": rows}, indent=2).encode()))
     print(table)
     return 0
 

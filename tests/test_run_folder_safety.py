@@ -762,3 +762,90 @@ def test_a_folder_that_cannot_be_locked_is_trained_in_with_a_warning(tmp_path, c
     train(tmp_path / "run")
     assert "cannot be locked (Bad file descriptor)" in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 2
+
+
+# --- 8. strict JSON: a loss that went inf/NaN is null, and reads back as NaN --------------------
+
+def strict(text):
+    """What jq or JavaScript's JSON.parse make of `text`: bare NaN/Infinity/-Infinity refused."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_run_whose_losses_go_nonfinite_writes_strict_json_with_null(tmp_path, capsys):
+    from common import report
+    from common.runs import read_json
+
+    run = tmp_path / "div"
+    with pytest.raises(SystemExit):
+        train(run, "--iters", "6", "--lr", "1e6", "--nonfinite-patience", "3", "--log-every", "1",
+              "--ema-decay", "0", model="lsgan")
+    assert "have been inf/NaN since step" in capsys.readouterr().err
+    rows = [strict(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    summary = strict((run / "summary.json").read_text())
+    gone = [row for row in rows if row["d_loss"] is None]
+    assert gone and all(row["nonfinite_steps"] == 1 for row in gone)
+    assert summary["final"]["d_loss"] is None and summary["stopped"].startswith("losses inf/NaN")
+    # read back as the NaN the plots, tables and TensorBoard have always met there
+    history = RunFolder(run).read_history()
+    assert [math.isnan(row["d_loss"]) for row in history] == [row["d_loss"] is None for row in rows]
+    assert math.isnan(read_json(run / "summary.json")["final"]["d_loss"])
+    # compare.py's report of it: table.json strict too, its markdown as before
+    side = report.load_side(run, "diverged")
+    written = report.write_report([side, side], tmp_path / "report", "diverged", "compare")
+    assert "d_loss nan" in (tmp_path / "report" / "table.md").read_text()
+    table = strict((tmp_path / "report" / "table.json").read_text())
+    assert table["rows"][0]["final_losses"]["d_loss"] is None
+    assert math.isnan(written["rows"][0]["final_losses"]["d_loss"])
+
+
+def test_strict_json_writes_nonfinite_floats_as_null_through_nested_objects():
+    from common import runs
+
+    value = {"loss": math.nan, "scale": math.inf, "low": -math.inf, "fine": 1.5, "count": 3, "flag": True,
+             "text": "NaN", "none": None, "numpy": np.float64("nan"), "steps": [1, math.nan, (math.inf, 2.0)],
+             "nested": {"deeper": [{"fid": math.nan}]}}
+    assert runs.finite_or_null(value) == {
+        "loss": None, "scale": None, "low": None, "fine": 1.5, "count": 3, "flag": True, "text": "NaN",
+        "none": None, "numpy": None, "steps": [1, None, [None, 2.0]], "nested": {"deeper": [{"fid": None}]}}
+    text = runs.strict_json(value, indent=2, sort_keys=True)
+    assert strict(text) == runs.finite_or_null(value)
+    assert math.isnan(value["loss"])  # the value handed in is left as it was
+    with pytest.raises(ValueError):  # a non-finite float that got past it is an error, not invalid JSON
+        runs.strict_json({"loss": object()}, default=lambda unknown: math.nan)
+
+
+def test_null_losses_read_back_as_nan_and_a_file_with_bare_nan_still_reads(tmp_path):
+    from common.errors import UserError
+    from common.runs import read_json
+
+    run = RunFolder(tmp_path)
+    run.history_file.write_text(
+        '{"step": 1, "d_loss": 0.5, "g_loss": null, "step_ms": 2.0}\n'
+        '{"step": 2, "d_loss": NaN, "g_loss": Infinity, "step_ms": 2.0, "nonfinite_steps": 1}\n'  # an older run's
+        '{"step": 3, "d_loss": null, "g_loss": -Infinity, "step_ms": 2.0, "skipped_at": [3]}\n')
+    rows = run.read_history()
+    assert [row["step"] for row in rows] == [1, 2, 3] and rows[0]["d_loss"] == 0.5
+    assert math.isnan(rows[0]["g_loss"]) and math.isnan(rows[1]["d_loss"]) and math.isnan(rows[2]["d_loss"])
+    assert rows[1]["g_loss"] == math.inf and rows[2]["g_loss"] == -math.inf and rows[2]["skipped_at"] == [3]
+    run.truncate_history(2)  # a resume rewrites what it keeps: strict, bare NaN and all
+    assert [strict(line) for line in run.history_file.read_text().splitlines()] == [
+        {"step": 1, "d_loss": 0.5, "g_loss": None, "step_ms": 2.0},
+        {"step": 2, "d_loss": None, "g_loss": None, "step_ms": 2.0, "nonfinite_steps": 1}]
+    for damaged in ('{"step": null, "d_loss": 1.0}', '{"step": 4, "skipped_at": [null]}'):  # still no row
+        run.history_file.write_text(damaged + "\n" + '{"step": 5, "d_loss": 1.0}\n')
+        with pytest.raises(UserError, match="line 1 is not a history row"):
+            run.read_history()
+
+    for text in ('{"step": 2, "final": {"d_loss": null}, "metrics": {"fid": null}, "median_step_ms": null,'
+                 ' "metrics_over_draws": {"fid": [1.0, null]}}',
+                 '{"step": 2, "final": {"d_loss": NaN}, "metrics": {"fid": NaN}, "median_step_ms": null,'
+                 ' "metrics_over_draws": {"fid": [1.0, NaN]}}'):  # the same from an older run
+        (tmp_path / "summary.json").write_text(text)
+        summary = read_json(tmp_path / "summary.json", ("step",))
+        assert math.isnan(summary["final"]["d_loss"]) and math.isnan(summary["metrics"]["fid"])
+        assert math.isnan(summary["metrics_over_draws"]["fid"][1])
+        assert summary["median_step_ms"] is None  # null that means "not measured" stays None
+        run.write_summary(summary)
+        assert strict((tmp_path / "summary.json").read_text())["final"] == {"d_loss": None}
