@@ -124,6 +124,11 @@ class StopRequest:
         return False
 
 
+def finite(row: dict) -> bool:
+    """A step's losses are all finite ("skipped", a loss scaler's flag, is no loss)."""
+    return all(math.isfinite(v) for key, v in row.items() if key != "skipped")
+
+
 class Monitor:
     """Reads the per-step values of each log interval: which steps a loss scaler skipped,
     how long the losses have been inf/NaN (a run that stays so is stopped), and how long the
@@ -135,6 +140,19 @@ class Monitor:
         self.low_scale_since, self.warned = None, False
         self.withheld_checkpoint = False
 
+    def resume(self, step: int, nonfinite_streak: int) -> None:
+        """The inf/NaN streak a checkpoint recorded, which ends at its step: --nonfinite-patience
+        counts the steps before a stop and a --resume together."""
+        self.nonfinite_streak = nonfinite_streak
+        self.nonfinite_since = step - nonfinite_streak + 1 if nonfinite_streak else None
+
+    def streak_after(self, rows: list[dict]) -> int:
+        """The inf/NaN streak once `rows`, the steps after the observed ones, are counted too."""
+        streak = self.nonfinite_streak
+        for row in rows:
+            streak = 0 if finite(row) else streak + 1
+        return streak
+
     def observe(self, first_step: int, rows: list[dict], loss_scale: float) -> dict:
         """`rows[i]` holds the values of step first_step + i; returns the history fields."""
         fields = {}
@@ -143,7 +161,7 @@ class Monitor:
             fields["skipped_at"] = skipped_at
         nonfinite = 0
         for i, row in enumerate(rows):
-            if all(math.isfinite(v) for key, v in row.items() if key != "skipped"):
+            if finite(row):
                 self.nonfinite_streak = 0
                 continue
             nonfinite += 1
@@ -209,9 +227,10 @@ def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, expo
     return run if replicas.writer else RunFolder.replica_view(cfg, precision)
 
 
-def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, int]:
+def resume(cfg: RunConfig, run: RunFolder, session: Session, monitor: Monitor, log) -> tuple[int, int]:
     """(step, skipped steps so far) to start from: the latest checkpoint under --resume,
-    with the history rows logged after it dropped; else (0, 0)."""
+    with the history rows logged after it dropped and its inf/NaN streak back in `monitor`;
+    else (0, 0)."""
     if not cfg.resume:
         return 0, 0
     named_step, path = run.latest_checkpoint()
@@ -230,6 +249,11 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, log) -> tuple[int, 
     if meta.get("nonfinite") and meta["step"] < cfg.iters:
         raise CheckpointError(f"checkpoint {path} holds inf/NaN in {meta['nonfinite']}: training on from it "
                               "cannot recover; delete it to resume from the one before")
+    streak = meta.get("nonfinite_streak", 0)  # older checkpoints record none
+    if type(streak) is not int or not 0 <= streak <= meta["step"]:
+        raise CheckpointError(f"checkpoint {path} has no valid nonfinite_streak (found {streak!r}); "
+                              "delete it to resume from the one before")
+    monitor.resume(meta["step"], streak)
     run.truncate_history(meta["step"])
     log(f"resumed from {path} at step {meta['step']}")
     if "warning" in meta:
@@ -322,11 +346,11 @@ class IntervalLog:
     monitor's findings), TensorBoard scalars and a progress line."""
 
     def __init__(self, cfg: RunConfig, run: RunFolder, session: Session, clock: StepClock,
-                 progress: Progress, board: Board, skipped_total: int, log):
+                 progress: Progress, board: Board, skipped_total: int, monitor: Monitor):
         self.cfg, self.run, self.session, self.clock, self.progress = cfg, run, session, clock, progress
         self.board = board
         self.skipped_total = skipped_total
-        self.monitor = Monitor(cfg, log)
+        self.monitor = monitor
         self.steps: list[dict] = []  # still on the device
         self.step_ms: list[float] = []  # one per closed interval
         self.warm_step_ms = None  # the first interval's, less the process's first step
@@ -357,13 +381,12 @@ class IntervalLog:
         self.steps = []
         self.clock.restart()
 
-    def skipped_so_far(self) -> int:
-        """The skipped steps up to now, the open interval's too: a checkpoint between two log
-        steps records them, or a resume from it would lose their count."""
-        open_flags = {str(i): row["skipped"] for i, row in enumerate(self.steps) if "skipped" in row}
-        if not open_flags:
-            return self.skipped_total
-        return self.skipped_total + int(round(sum(self.session.fetch(open_flags).values())))
+    def so_far(self) -> tuple[int, int]:
+        """The skipped steps and the inf/NaN streak up to now, the open interval's steps too:
+        a checkpoint between two log steps records them, or a resume from it would lose them."""
+        rows = self.read_steps() if self.steps else []
+        skipped = int(round(sum(row.get("skipped", 0.0) for row in rows)))
+        return self.skipped_total + skipped, self.monitor.streak_after(rows)
 
     def read_steps(self) -> list[dict]:
         """Every step's device scalars of the interval, read in one host<->device sync."""
@@ -456,7 +479,7 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
     if not (wants_samples or wants_checkpoint):
         return
     # Read on every replica, before rank 0 goes on alone: under torchrun the read is an all-reduce.
-    skipped_total = log_interval.skipped_so_far()
+    skipped_total, nonfinite_streak = log_interval.so_far()
     if not run.writable:
         return
 
@@ -466,7 +489,8 @@ def write_outputs(cfg: RunConfig, run: RunFolder, session: Session, board: Board
             log_interval.monitor.checkpoint_withheld(step, withheld)
             return
         session.checkpoints.save(run.checkpoint_path(step, session.checkpoints.suffix),
-                                 {"step": step, "skipped_total": skipped_total, "model": cfg.model})
+                                 {"step": step, "skipped_total": skipped_total,
+                                  "nonfinite_streak": nonfinite_streak, "model": cfg.model})
         run.prune_checkpoints()
 
     with clock.paused():
@@ -515,7 +539,7 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
     path = run.checkpoints / f"diverged_step_{step:06d}.{session.checkpoints.suffix}"
     if run.writable:
         session.checkpoints.save(path, {"step": step, "skipped_total": log_interval.skipped_total,
-                                        "model": cfg.model})
+                                        "nonfinite_streak": monitor.nonfinite_streak, "model": cfg.model})
     summary = summarize(cfg, session, step, log_interval, stopped_early=False, start_step=start_step)
     run.write_summary({**summary, "stopped": f"losses inf/NaN since step {monitor.nonfinite_since}"})
     good = run.latest_checkpoint()
@@ -532,10 +556,11 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
 
 def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, log=print) -> dict:
     """Run iterations until cfg.iters (or a Ctrl-C); return the summary written to the run."""
-    start_step, skipped_total = resume(cfg, run, session, log)
+    monitor = Monitor(cfg, log)
+    start_step, skipped_total = resume(cfg, run, session, monitor, log)
     board = Board(cfg, run, session.open_tensorboard, start_step, log, enabled=run.writable)
     try:
-        return train_from(cfg, run, session, num_examples, board, start_step, skipped_total, log)
+        return train_from(cfg, run, session, num_examples, board, start_step, skipped_total, monitor, log)
     finally:
         session.stop_loading()
         board.close()  # the last events reach the file after a Ctrl-C, a divergence or an error too
@@ -543,11 +568,11 @@ def train(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, l
 
 
 def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: int, board: Board,
-               start_step: int, skipped_total: int, log) -> dict:
+               start_step: int, skipped_total: int, monitor: Monitor, log) -> dict:
     order = BatchOrder(num_examples, cfg.batch_size, cfg.seed)
     batches = Batches(order, session)
     clock, progress = StepClock(session), Progress(cfg, start_step, log, shown=run.writable)
-    log_interval = IntervalLog(cfg, run, session, clock, progress, board, skipped_total, log)
+    log_interval = IntervalLog(cfg, run, session, clock, progress, board, skipped_total, monitor)
     profile = ProfileWindow(cfg, run, session, clock, start_step, log)
 
     if run.writable:
@@ -595,12 +620,17 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             stop_diverged(cfg, run, session, step, log_interval, start_step)
         finally:
             session.replicas.wait_for_writer()
-    monitor = log_interval.monitor
-    if monitor.nonfinite_streak and not stopped_early and run.writable:  # inf/NaN for too few steps to stop it
-        log(f"warning: the run ends with its losses inf/NaN since step {monitor.nonfinite_since} "
-            f"({monitor.nonfinite_streak} steps, fewer than --nonfinite-patience {cfg.nonfinite_patience}, "
-            "which would have stopped it): "
-            "lower --lr, try --clip-grad-norm or --amp-dtype bfloat16")
+    # said by the process that trained (a resume with nothing to train, as evaluate.py's, is silent)
+    if monitor.nonfinite_streak and step > start_step and run.writable:
+        advice = "lower --lr, try --clip-grad-norm or --amp-dtype bfloat16"
+        if stopped_early:  # its checkpoint records the streak
+            log(f"warning: the losses have been inf/NaN since step {monitor.nonfinite_since} "
+                f"({monitor.nonfinite_streak} steps; --resume counts on toward --nonfinite-patience "
+                f"{cfg.nonfinite_patience}): {advice}")
+        else:  # inf/NaN for too few steps to stop it
+            log(f"warning: the run ends with its losses inf/NaN since step {monitor.nonfinite_since} "
+                f"({monitor.nonfinite_streak} steps, fewer than --nonfinite-patience {cfg.nonfinite_patience}, "
+                f"which would have stopped it): {advice}")
     summary = summarize(cfg, session, step, log_interval, stopped_early, start_step)
     if step == start_step:  # nothing trained in this process (say, evaluating a finished run)
         try:

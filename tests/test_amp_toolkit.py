@@ -164,6 +164,15 @@ def test_a_run_that_ends_on_nonfinite_weights_keeps_its_last_state_and_says_so(t
     assert "since step 30 (11 steps, fewer than --nonfinite-patience 100," in warnings[0]
 
 
+def test_a_checkpoint_between_log_steps_records_the_inf_nan_streak_up_to_its_step(tmp_path):
+    # losses inf/NaN at steps 1-10 and from 13 on; a row every 10 steps, a checkpoint every 5
+    values = lambda step: {"loss": math.nan if step <= 10 or step >= 13 else 1.0}
+    _, _, _, session = run_loop(tmp_path, values, iters=20, checkpoint_every=5, nonfinite_patience=100)
+    assert session.saved == ["step_000005.npz", "step_000010.npz", "step_000015.npz", "step_000020.npz"]
+    # at step 15 the last row (step 10) ends a streak of 10; steps 11 and 12, still open, end it
+    assert [meta["nonfinite_streak"] for meta in session.saved_meta] == [5, 10, 3, 8]
+
+
 def test_occasional_nonfinite_losses_do_not_stop_the_run(tmp_path):
     values = lambda step: {"loss": math.nan if step % 10 == 5 else 1.0}
     summary, history, messages, _ = run_loop(tmp_path, values, iters=300, nonfinite_patience=2)

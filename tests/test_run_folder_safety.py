@@ -536,6 +536,8 @@ NPZ_EDITS = {
     "a string weight": (a_string_weight, "holds <U1"),
     "step negative": (lambda a: a.__setitem__("meta/step", np.array(-1)), "has no valid step"),
     "step a float": (lambda a: a.__setitem__("meta/step", np.array(2.0)), "has no valid step"),
+    "inf/NaN streak a float": (lambda a: a.__setitem__("meta/nonfinite_streak", np.array(1.0)),
+                               "has no valid nonfinite_streak"),
     # Adam's iterations -1 and NaN weights trained on NaN, exit 0
     "iterations negative": (lambda a: a.__setitem__("optimizer/generator/0000", np.array(-1, np.int64)),
                             "optimizer/generator/0000 holds a negative count"),

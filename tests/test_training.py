@@ -2,6 +2,7 @@
 shared fixed noise, bit-exact resume, and refusing to clobber or mis-resume a run."""
 import json
 import math
+import os
 import re
 import signal
 import time
@@ -408,6 +409,60 @@ def test_a_stop_signal_to_every_process_stops_a_run_with_data_loader_workers_cle
     assert "checkpoint saved" in stdout
     (step, checkpoint), = RunFolder(out).list_checkpoints()
     assert 0 < step < 200000
+
+
+def nan_losses_then_ctrl_c(framework, monkeypatch, nan_from: int, ctrl_c_at: int):
+    """The session's train_step reports NaN losses from its `nan_from`th call on, counted over
+    the test's runs (the weights stay finite, as in float16 steps a loss scaler skips), and
+    sends this process a SIGINT, as a Ctrl-C does, in its `ctrl_c_at`th call."""
+    module = __import__(f"common.{framework}.session", fromlist=["Session"])
+    step, calls = module.Session.train_step, []
+
+    def reported(self, indices):
+        calls.append(1)
+        metrics = step(self, indices)
+        if len(calls) == ctrl_c_at:
+            os.kill(os.getpid(), signal.SIGINT)
+        if len(calls) < nan_from:
+            return metrics
+        return {key: value if key == "skipped" else value * math.nan for key, value in metrics.items()}
+
+    monkeypatch.setattr(module.Session, "train_step", reported)
+
+
+NAN_RUN = ["--iters", "10", "--nonfinite-patience", "6", "--sample-every", "0", "--checkpoint-every", "0"]
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_run_stopped_while_its_losses_are_inf_nan_says_so(framework, tmp_path, monkeypatch, capsys):
+    nan_losses_then_ctrl_c(framework, monkeypatch, nan_from=3, ctrl_c_at=5)
+    with pytest.raises(SystemExit) as stopped:
+        train(framework, tmp_path / "run", *NAN_RUN)
+    assert stopped.value.code == 130
+    stdout = capsys.readouterr().out
+    assert [line for line in stdout.splitlines() if "inf/NaN" in line] == [
+        "warning: the losses have been inf/NaN since step 3 (3 steps; --resume counts on toward "
+        "--nonfinite-patience 6): lower --lr, try --clip-grad-norm or --amp-dtype bfloat16"]
+    assert "stopped at step 5, checkpoint saved; continue with the same command and --resume" in stdout
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_resume_counts_on_the_inf_nan_streak_from_before_the_stop(framework, tmp_path, monkeypatch, capsys):
+    """The checkpoint records the losses' inf/NaN streak: --nonfinite-patience counts the
+    steps before a Ctrl-C and after the --resume together (from 0 again, a run that kept
+    being preempted never stopped)."""
+    out = tmp_path / "run"
+    nan_losses_then_ctrl_c(framework, monkeypatch, nan_from=3, ctrl_c_at=5)
+    with pytest.raises(SystemExit) as stopped:
+        train(framework, out, *NAN_RUN)
+    assert stopped.value.code == 130
+    capsys.readouterr()
+    # steps 3-5 inf/NaN before the stop, 6-8 after it: 6 steps, --nonfinite-patience's
+    with pytest.raises(SystemExit) as diverged:
+        train(framework, out, *NAN_RUN, "--resume")
+    assert diverged.value.code == 1
+    assert "the losses have been inf/NaN since step 3 (6 steps): stopped at step 8" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["stopped"] == "losses inf/NaN since step 3"
 
 
 def is_matrix_product(operation: str) -> bool:

@@ -40,6 +40,7 @@ class Checkpoints:
         arrays = {"format": np.array(FORMAT),
                   "meta/step": np.array(meta["step"]),
                   "meta/skipped_total": np.array(meta["skipped_total"]),
+                  "meta/nonfinite_streak": np.array(meta.get("nonfinite_streak", 0)),
                   "meta/precision": np.array(self.runtime.precision)}
         if "model" in meta:
             arrays["meta/model"] = np.array(meta["model"])
@@ -74,6 +75,9 @@ class Checkpoints:
                                   f"formats {OLD_NOISE_FORMAT} and {FORMAT}: train with --overwrite or another --out")
         meta = {key: arrays[f"meta/{key}"].item() if is_integer(arrays.get(f"meta/{key}")) else None
                 for key in ("step", "skipped_total")}
+        if "meta/nonfinite_streak" in arrays:  # older checkpoints record none: the loop takes 0
+            streak = arrays["meta/nonfinite_streak"]
+            meta["nonfinite_streak"] = streak.item() if is_integer(streak) else None
         if "meta/model" in arrays:  # older checkpoints record no model
             model = arrays["meta/model"]
             meta["model"] = str(model) if model.dtype.kind == "U" and model.shape == () else None
