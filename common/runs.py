@@ -100,6 +100,15 @@ def null_as_nan(value):
     return value
 
 
+def not_a_folder(folder: Path) -> UsageError | None:
+    """The error for one of a run's folders (samples/, checkpoints/) that exists as something
+    else: a file, a dangling link."""
+    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        return UsageError(f"{folder} is not a folder, where the run keeps its {folder.name}: move it "
+                          "out of the run folder, or use --out for a new run")
+    return None
+
+
 def same_path(typed, recorded) -> bool:
     """Two paths as typed (`src`, `./src/`, `~/src`) naming the same place from the working folder."""
     return isinstance(typed, str) and isinstance(recorded, str) and flags.absolute(typed) == flags.absolute(recorded)
@@ -293,9 +302,8 @@ class RunFolder:
             self.lock()
         if cfg.resume:
             for folder in (self.samples, self.checkpoints):  # before anything is read or written
-                if (folder.exists() or folder.is_symlink()) and not folder.is_dir():  # a file, a dangling link
-                    raise UsageError(f"{folder} is not a folder, where the run keeps its {folder.name}: move it "
-                                     "out of the run folder, or use --out for a new run")
+                if problem := not_a_folder(folder):
+                    raise problem
             config = self._check_resumable(config)
         elif self.path.exists() and not self.path.is_dir():
             raise UsageError(f"--out {self.path} is not a folder; name a folder for the run")
@@ -447,6 +455,11 @@ class RunFolder:
         return self.checkpoints / f"step_{step:06d}.{suffix}"
 
     def list_checkpoints(self) -> list[tuple[int, Path]]:
+        """The checkpoints by step. A checkpoints/ that is a file or a dangling link (a disk not
+        mounted) is an error, not a run with none: compare.py and quality_table.py would have
+        started it over, deleting its results."""
+        if problem := not_a_folder(self.checkpoints):
+            raise problem
         found = []
         if self.checkpoints.is_dir():
             for path in self.checkpoints.iterdir():

@@ -286,10 +286,21 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and "are grids of other sizes" in err and "\n" not in err, err
 
-    # A run killed before its first checkpoint has nothing to resume: it is trained again
+    # A run whose checkpoints/ is a dangling link (on a disk not mounted) is refused: it was
+    # taken for one with no checkpoint yet, and trained again over its results
     killed = grid.parents[1]
-    shutil.rmtree(killed / "checkpoints")
     (killed / "summary.json").unlink()
+    shutil.rmtree(killed / "checkpoints")
+    (killed / "checkpoints").symlink_to(tmp_path / "unmounted")
+    history = (killed / "history.jsonl").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([*flags, "--same-init", "--reuse"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "checkpoints is not a folder" in err and "\n" not in err, err
+    assert (killed / "history.jsonl").read_text() == history and (killed / "checkpoints").is_symlink()
+
+    # A run killed before its first checkpoint has nothing to resume: it is trained again
+    (killed / "checkpoints").unlink()
     assert compare.main([*flags, "--same-init", "--reuse"]) == 0
     assert "holds no checkpoint yet: training it from the start" in capsys.readouterr().out
     assert json.loads((killed / "summary.json").read_text())["step"] == 6
