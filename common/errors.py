@@ -73,7 +73,9 @@ def file_system_problem(error: BaseException) -> str | None:
     if not isinstance(os_error, OSError) or os_error.errno not in FILE_SYSTEM_ERRNOS:
         return None
     reason = os_error.strerror or str(os_error)
-    path = os_error.filename or _file_being_written(os_error) or _file_being_written(error)
+    # a rename's target (filename2) is the path that was asked for; its source, the temporary file
+    # beside it (atomic_write's), is the one the user never named
+    path = os_error.filename2 or os_error.filename or _file_being_written(os_error) or _file_being_written(error)
     return f"{path}: {reason}" if path else f"cannot write the output: {reason}"
 
 

@@ -192,6 +192,13 @@ def output_problem(path: Path, folder: bool) -> str | None:
     return None
 
 
+def output_files_problem(folder: Path, names) -> str | None:
+    """The first of the files a script writes into `folder` at its end that cannot be written
+    (a folder in its place, a read-only parent): checked at its start, so that the mistake
+    ends it before its hour of runs, not after them with the results unwritten."""
+    return next(filter(None, (output_problem(folder / name, folder=False) for name in names)), None)
+
+
 def _output(folder: bool):
     def parse(text: str) -> Path:
         problem = output_problem(Path(path_text(text)), folder)

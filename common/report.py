@@ -206,6 +206,9 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+REPORT_FILES = ("samples.png", "losses.png", "table.md", "table.json", "report.md")
+
+
 def write_report(sides: list[Side], folder: Path, title: str, command: str) -> dict:
     """Write samples.png, losses.png, table.md, table.json and report.md into `folder`;
     return what table.json holds."""

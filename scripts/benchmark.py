@@ -204,6 +204,8 @@ def main(argv=None) -> int:
                       if not (framework == "tensorflow" and compiled and replicas > 1)]
     for configuration in configurations:  # before the first run, not an hour into them
         check_replaceable(run_folder(*configuration, args))
+    if problem := flags.output_files_problem(args.out, ("benchmark.md", "benchmark.json")):
+        raise UsageError(f"--out: {problem}")
     runs = {configuration: [] for configuration in configurations}
     failed = {}  # a configuration that failed once (torch.compile on a model it cannot compile): not run again
     for _ in range(args.repeat):  # round robin: a slow spell of the machine hits every configuration
@@ -238,11 +240,11 @@ def main(argv=None) -> int:
     failures = [{"configuration": configuration_name(*configuration), "error": error}
                 for configuration, error in failed.items()]
     table = markdown(rows, machine) + "".join(f"\n\nFailed: {failure['error']}" for failure in failures)
+    print(table, flush=True)  # first: the measurements outlive a failed write of their files
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "benchmark.md", lambda f: f.write((table + "\n").encode()))
     atomic_write(args.out / "benchmark.json", lambda f: f.write(
         strict_json({"machine": machine, "rows": rows, "failed": failures}, indent=2).encode()))
-    print(table)
     if failures:
         raise UserError(f"{len(failures)} of {len(configurations)} configurations failed (above); "
                         f"the others are in {args.out / 'benchmark.md'}")

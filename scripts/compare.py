@@ -41,7 +41,7 @@ from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import sample_count
-from common.flags import OneLineErrorParser, first_paragraph, output_folder
+from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
 from common.runs import RunFolder, read_json, settings_as_today
 
 # compare sets these itself; each with what to use instead
@@ -219,6 +219,9 @@ def main(argv=None) -> int:
         title = f"{args.model}: PyTorch vs TensorFlow, {plans[0].precision}" + (
             ", same initial weights" if args.same_init else "")
 
+    folder = Path(args.report) if args.report else runs / args.model / name
+    if problem := output_files_problem(folder, report.REPORT_FILES):
+        raise UsageError(f"the report: {problem}")  # now, not after training both runs
     decisions = [decide(plan, args.reuse, args.overwrite) for plan in plans]  # all checks first
     for plan, extra in zip(plans, decisions):
         if extra is None:
@@ -227,7 +230,6 @@ def main(argv=None) -> int:
             train(plan, extra)
 
     sides = [report.load_side(plan.folder, plan.label) for plan in plans]
-    folder = Path(args.report) if args.report else runs / args.model / name
     command = "python scripts/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
     written = report.write_report(sides, folder, title, command)
     print(report.markdown_table(written["rows"]))

@@ -245,6 +245,8 @@ def main(argv=None) -> int:
         raise UsageError("--table-only and --overwrite contradict each other: --table-only trains nothing")
     if len(set(args.seeds)) != len(args.seeds):
         raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds")
+    if problem := flags.output_files_problem(args.runs, ("quality_table.md", "quality_table.json")):
+        raise UsageError(f"--runs: {problem}")  # now, not after the runs
 
     chosen = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
     takes = {model: ("mnist",) if models.MODELS[model].images_only else DATASETS for model in chosen}

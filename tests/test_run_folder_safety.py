@@ -709,6 +709,43 @@ def test_a_full_disk_at_a_history_row_names_the_history_file(tmp_path, monkeypat
     assert file_system_problem(raised.value) == f"{tmp_path / 'history.jsonl'}: No space left on device"
 
 
+def test_a_rename_onto_a_folder_names_the_file_asked_for_not_the_temporary_one(tmp_path):
+    from common.errors import file_system_problem
+    from common.runs import atomic_write
+
+    (tmp_path / "table.md").mkdir()
+    with pytest.raises(OSError) as raised:
+        atomic_write(tmp_path / "table.md", lambda f: f.write(b"x"))
+    assert file_system_problem(raised.value) == f"{tmp_path / 'table.md'}: Is a directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["table.md"]  # the temporary file gone too
+
+
+@pytest.mark.parametrize("script", ["benchmark", "quality_table", "compare"])
+def test_a_folder_where_a_scripts_table_goes_is_refused_before_any_run(script, tmp_path, capsys, monkeypatch):
+    """The file was written after every run: benchmark.py lost hours of measurements, with an
+    error naming a temporary file."""
+    import importlib
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail(f"ran {args[0]}"))
+    module = importlib.import_module(f"scripts.{script}")
+    out = tmp_path / "out"
+    blocked, argv = {
+        "benchmark": (out / "benchmark.json", ["--models", "vanilla_gan", "--iters", "4", "--log-every", "2",
+                                               "--out", str(out)]),
+        "quality_table": (out / "quality_table.md", ["--models", "vanilla_gan", "--datasets", "ring8",
+                                                     "--iters", "4", "--runs", str(out)]),
+        "compare": (out / "table.md", ["--model", "vanilla_gan", "--iters", "4", "--runs", str(tmp_path / "runs"),
+                                       "--report", str(out)]),
+    }[script]
+    blocked.mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and f"{blocked} is a folder, not a file" in err and "\n" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and [*out.iterdir()] == [blocked]
+
+
 def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, capsys):
     """Two runs in one folder at once (two --resume, two --overwrite, or an evaluation beside the
     training) interleaved their history rows, out of order, and both exited 0."""
