@@ -114,15 +114,21 @@ def same_path(typed, recorded) -> bool:
     return isinstance(typed, str) and isinstance(recorded, str) and flags.absolute(typed) == flags.absolute(recorded)
 
 
+MAX_COUNT = 2**63 - 1
+
+
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A number a float holds: an integer past float's range (a hand-edited 1 and 400 zeros)
+    raised OverflowError wherever the scripts did arithmetic or drew a plot with it."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (isinstance(value, float) or abs(value) <= sys.float_info.max))
 
 
 def _is_count(value) -> bool:
-    """A whole number >= 0: numpy integers come from a TensorFlow checkpoint's arrays; bool is
-    an int too, not a count."""
+    """A whole number from 0 to 2**63 - 1 (what a checkpoint's int64 holds): numpy integers come
+    from a TensorFlow checkpoint's arrays; bool is an int too, not a count."""
     return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-            and value >= 0)
+            and 0 <= value <= MAX_COUNT)
 
 
 # The fields of the run folder's JSON files that their readers use, each of the kind a run
@@ -134,13 +140,17 @@ KINDS = {
     "text": lambda value: isinstance(value, str),
     "text or null": lambda value: value is None or isinstance(value, str),
     "an object of numbers": lambda value: isinstance(value, dict) and all(map(_is_number, value.values())),
+    # FID is a squared distance (metrics.frechet_distance clamps rounding's -1e-12 to 0): a
+    # negative one is an edit, and a mean of them could be 0, which AMP's FID is divided by
+    "an object of numbers, its fid not negative": lambda value: (
+        KINDS["an object of numbers"](value) and not value.get("fid", 0) < 0),
 }
 FIELDS = {
     "summary.json": {"step": "a count", "iters": "a count", "batch_size": "a count", "replicas": "a count",
                      "skipped_steps": "a count", "median_step_ms": "a number or null",
                      "samples_per_s": "a number or null", "peak_memory_mb": "a number or null",
                      "model": "text", "framework": "text", "stopped": "text", "gpu": "text or null",
-                     "final": "an object of numbers", "metrics": "an object of numbers"},
+                     "final": "an object of numbers", "metrics": "an object of numbers, its fid not negative"},
     "config.json": {"model": "text", "framework": "text", "precision": "text", "device": "text", "iters": "a count"},
 }
 # The objects of a run folder's JSON files whose numbers may have been inf/NaN, written as null:

@@ -341,7 +341,9 @@ def test_compare_plots_a_float16_history_that_names_its_skipped_steps(tmp_path, 
 # JSON a run never writes, though valid: each once ended in a traceback in a table or a plot
 EDITED_SUMMARIES = ['{"step": "2"}', '{"step": 2, "final": [1]}', '{"step": 2, "final": {"d_loss": "x"}}',
                     '{"step": 2, "median_step_ms": "5"}', '{"step": 2, "metrics": {"fid": "x"}}',
-                    '{"step": 2, "metrics": [1]}', "[" * 100_000 + "]" * 100_000]
+                    '{"step": 2, "metrics": [1]}', "[" * 100_000 + "]" * 100_000,
+                    # integers past float's range: OverflowError in a table or a plot
+                    '{"step": 2, "final": {"d_loss": 1%s}}' % ("0" * 400), '{"step": 1%s}' % ("0" * 30)]
 
 
 @pytest.mark.parametrize("name, content", [
@@ -349,6 +351,7 @@ EDITED_SUMMARIES = ['{"step": "2"}', '{"step": 2, "final": [1]}', '{"step": 2, "
     ("history.jsonl", '{"step": 1, "d_lo\n{"step": 2, "d_loss": 1.0}\n'), ("samples/step_000002.png", "not a png"),
     *[("summary.json", edited) for edited in EDITED_SUMMARIES],
     ("history.jsonl", '{"step": 2, "d_loss": {"a": 1}}\n'), ("config.json", '{"precision": ["fp32"]}'),
+    ("history.jsonl", '{"step": 2, "d_loss": 1%s}\n' % ("0" * 400)),
 ])
 def test_compare_names_a_damaged_file_in_one_line(name, content, tmp_path, capsys):
     from scripts import compare
@@ -373,6 +376,8 @@ def test_compare_refuses_a_file_for_a_folder(flag, tmp_path, capsys):
     ("summary.json", '{"step": 2, "med'), ("summary.json", "{}"), ("config.json", None),
     ("summary.json", '{"model": "vanilla_gan", "framework": "tensorflow", "step": 2, "final": [1]}'),
     ("summary.json", "[" * 100_000 + "]" * 100_000),
+    ("summary.json", '{"model": "vanilla_gan", "framework": "tensorflow", "step": 2, "median_step_ms": 1%s}'
+     % ("0" * 400)),
 ])
 def test_summarize_runs_names_a_damaged_file_in_one_line(name, content, tmp_path, capsys):
     from scripts import summarize_runs
@@ -434,6 +439,8 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     ("summary.json", True, '{"step": 2, "metrics": [1]}'),
     ("summary.json", True, '{"step": 2, "metrics": {"fid": "x"}}'),
     ("config.json", False, '{"iters": 2, "precision": [1]}'),
+    ("summary.json", True, '{"step": 2, "metrics": {"modes_covered": 1%s}}' % ("0" * 400)),
+    ("summary.json", True, '{"step": 2, "metrics": {"fid": -1.0}}'),  # a squared distance: a mean of 0 divided by
 ])
 def test_quality_table_names_a_damaged_file_in_one_line(name, table_only, content, tmp_path, capsys):
     from scripts import quality_table
