@@ -760,11 +760,17 @@ def _visible_entries(folder: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def _open_image(path: Path) -> Iterator[Image.Image]:
-    """Image.open, with decoding problems (raised lazily, inside the with block) turned into DataError."""
+    """Image.open, with decoding problems (raised lazily, inside the with block) turned into DataError.
+    A header claiming past Pillow's MAX_IMAGE_PIXELS (89 million) is one too: Pillow only warns
+    up to twice that, and decoded it (a 12,000 x 12,000 PNG of 140 KB), where a dataset's images
+    hold thousands."""
     try:
-        with Image.open(path) as image:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(path)
+        with image:
             yield image
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise DataError(f"{path} cannot be read as an image ({_reason(exc)}); replace or delete it") from None
 
 
