@@ -250,7 +250,7 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, monitor: Monitor, l
         raise CheckpointError(f"checkpoint {path} holds inf/NaN in {meta['nonfinite']}: training on from it "
                               "cannot recover; delete it to resume from the one before")
     streak = meta.get("nonfinite_streak", 0)  # older checkpoints record none
-    if type(streak) is not int or not 0 <= streak <= meta["step"]:
+    if streak > meta["step"]:  # a count (checkpoints.restore checked it), of the steps so far at most
         raise CheckpointError(f"checkpoint {path} has no valid nonfinite_streak (found {streak!r}); "
                               "delete it to resume from the one before")
     monitor.resume(meta["step"], streak)

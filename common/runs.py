@@ -100,11 +100,11 @@ def null_as_nan(value):
     return value
 
 
-def not_a_folder(folder: Path) -> UsageError | None:
+def not_a_folder(folder: Path) -> UserError | None:
     """The error for one of a run's folders (samples/, checkpoints/) that exists as something
-    else: a file, a dangling link."""
+    else: a file, a dangling link (damage, exit status 1, not a flag's error)."""
     if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
-        return UsageError(f"{folder} is not a folder, where the run keeps its {folder.name}: move it "
+        return UserError(f"{folder} is not a folder, where the run keeps its {folder.name}: move it "
                           "out of the run folder, or use --out for a new run")
     return None
 
@@ -206,8 +206,8 @@ def check_regular_file(path: Path, what: str) -> None:
 
 def check_meta(path: Path, meta) -> dict:
     """The meta a checkpoint was saved with, checked before anything trusts it: a dict whose
-    step and skipped-step count are non-negative integers (and whose model, if recorded, is a
-    name). One CheckpointError line otherwise."""
+    step and skipped-step count (and inf/NaN streak, if recorded) are non-negative integers, and
+    whose model, if recorded, is a name. One CheckpointError line otherwise."""
     def count(key):
         value = meta.get(key)
         if not _is_count(value):
@@ -220,6 +220,8 @@ def check_meta(path: Path, meta) -> dict:
                               "delete it to resume from the one before")
     checked = {key: value for key, value in meta.items() if key not in ("step", "skipped_total")}
     checked.update(step=count("step"), skipped_total=count("skipped_total"))
+    if "nonfinite_streak" in meta:  # older checkpoints record none
+        checked["nonfinite_streak"] = count("nonfinite_streak")
     if not isinstance(checked.get("model", ""), str):
         raise CheckpointError(f"checkpoint {path} has no valid model name (found {checked['model']!r})")
     return checked
@@ -530,8 +532,9 @@ class RunFolder:
                 if number == len(lines):  # the last line, cut short
                     break
                 row = None
-            if isinstance(row, dict):
-                row = null_as_nan(row)  # a null step or skipped_at stays no row: NaN is not a count
+            if isinstance(row, dict):  # the counts (the step, skipped_at's steps) stay null: no row
+                row = {key: value if key in ("step", "skipped_at") else null_as_nan(value)
+                       for key, value in row.items()}
             if not _is_history_row(row):
                 raise UserError(f"{self.history_file} line {number} is not a history row "
                                 f"({line[:40]!r}); delete that line or the file")
