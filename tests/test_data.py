@@ -635,16 +635,16 @@ def test_unreadable_image_is_named(tmp_path):
 
 def test_an_image_claiming_more_pixels_than_pillows_limit_is_refused_not_decoded(tmp_path):
     """12,000 x 12,000 (144 million pixels): past MAX_IMAGE_PIXELS, under the twice that at which
-    Pillow itself refuses; it warned, then decoded 432 MB from a small file."""
+    Pillow itself refuses; it warned, then decoded 432 MB. The header is all it reads now, so
+    the pixels can be missing."""
     def chunk(kind, payload):
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
     side = 12_000
-    rows = zlib.compress(b"\0" * (1 + 3 * side) * side, 9)  # a filter byte and black RGB pixels per row
     save_image(tmp_path / "good.png", random_pixels((4, 4, 3), 0))
     header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)  # 8-bit RGB
-    (tmp_path / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows)
-                                        + chunk(b"IEND", b""))
+    (tmp_path / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                                        + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
     assert side * side > Image.MAX_IMAGE_PIXELS
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing printed either

@@ -234,6 +234,7 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
         raise UserError(f"could not join the other replicas ({first_line(error)})") from None
     finally:
         notice.cancel()
+        notice.join()  # a notice already being said is said before the join's outcome
         if previous_handler is not None:  # None: one not set from Python, which cannot be set back
             signal.signal(signal.SIGINT, previous_handler)
     if said.is_set():
