@@ -367,9 +367,10 @@ def unused_flags(cfg: RunConfig, precision: str, device_type: str) -> list[str]:
     """The flags set away from their defaults that this run never reads, each with why. Every
     script takes the same flags (quality_table.py passes one command to every model), so they
     are accepted; a note says they did nothing, where silence would pass for an effect."""
-    defaults = RunConfig(model=cfg.model, framework=cfg.framework)
-    changed = {field.name for field in dataclasses.fields(RunConfig)
-               if getattr(cfg, field.name) != getattr(defaults, field.name)}
+    hparams = models.get(cfg.model).hparams  # the defaults the parser had: the model's, the dataset's
+    defaults = {**dataclasses.asdict(RunConfig(model=cfg.model, framework=cfg.framework)), **hparams.DEFAULTS,
+                **getattr(hparams, "DATASET_DEFAULTS", {}).get(cfg.dataset, {})}
+    changed = {name for name, value in dataclasses.asdict(cfg).items() if value != defaults[name]}
     notes = []
     scaling = [f"--{name.replace('_', '-')}" for name in LOSS_SCALING_FLAGS if name in changed]
     if scaling and precision != "amp-fp16":

@@ -229,6 +229,12 @@ def check_evaluable(folder: Path) -> None:
                         "train it: continue it with --resume first")
 
 
+def iwae_flags(model: str, iwae_k: int | None) -> list[str]:
+    """--iwae-k K for the VAE, whose likelihood bound it sets; none for a GAN, which has no
+    bound (its script would note the flag ignored)."""
+    return ["--iwae-k", str(iwae_k)] if iwae_k and models.get(model).family == "VAE" else []
+
+
 def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1, device: str | None = None) -> dict:
     """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
     left to train; on `device` instead of its own, if given) and `--evaluate samples`; return
@@ -241,7 +247,7 @@ def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1,
                         f"framework {config.get('framework')!r})")
     command = [sys.executable, str(models.MODELS[config["model"]].script(config["framework"])),
                *rerun_flags(config, summary["step"], device), f"--out={folder}", "--resume",
-               "--evaluate", str(samples), *(["--iwae-k", str(iwae_k)] if iwae_k else []),
+               "--evaluate", str(samples), *iwae_flags(config["model"], iwae_k),
                *(["--eval-draws", str(draws)] if draws > 1 else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)
     status = run_child(command, f"{folder} was not evaluated; the same command measures it").returncode

@@ -206,7 +206,7 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-REPORT_FILES = ("samples.png", "losses.png", "table.md", "table.json", "report.md")
+REPORT_FILES = ("report.md", "samples.png", "losses.png", "table.md", "table.json")  # what write_report writes
 
 
 def write_report(sides: list[Side], folder: Path, title: str, command: str) -> dict:

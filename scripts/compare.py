@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     command = "python scripts/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
     written = report.write_report(sides, folder, title, command)
     print(report.markdown_table(written["rows"]))
-    print(f"compare: report in {folder} (report.md, samples.png, losses.png, table.md, table.json)")
+    print(f"compare: report in {folder} ({', '.join(report.REPORT_FILES)})")
     print(f"compare: both runs in TensorBoard, over the model's other runs: {tensorboard_command(runs / args.model)}")
     return 0
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
-from common.evaluation import evaluate_run, sample_count
+from common.evaluation import evaluate_run, iwae_flags, sample_count
 from common.runs import RunFolder, atomic_write, read_json, settings_as_today, strict_json
 
 DATASETS = ("mnist", *POINT_DATASETS)
@@ -51,11 +51,6 @@ def run_folder(runs: Path, model: str, dataset: str, framework: str, amp: bool, 
 def overrides(args) -> list[str]:
     """The flags that override every model's defaults (--iters, --lr), as the runs are given them."""
     return [*(["--iters", str(args.iters)] if args.iters else []), *(["--lr", str(args.lr)] if args.lr else [])]
-
-
-def iwae_k(model: str, args) -> int | None:
-    """--iwae-k, for the VAE: a GAN has no likelihood bound (its script would note it ignored)."""
-    return args.iwae_k if models.get(model).family == "VAE" else None
 
 
 def training_settings(model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict:
@@ -116,7 +111,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             done = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
             if done.get("step") == config["iters"]:
                 if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
-                    evaluate_run(folder, args.samples, iwae_k(model, args))
+                    evaluate_run(folder, args.samples, args.iwae_k)
                 return read_json(summary_path, ("step",), AGAIN)
             # A run stopped before its first checkpoint has nothing to resume: start it over.
             extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
@@ -124,7 +119,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     command = [sys.executable, str(models.MODELS[model].script(framework)), f"--out={folder}",
                "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,
                *(["--amp"] if amp else []), *overrides(args),
-               *(["--iwae-k", str(iwae_k(model, args))] if iwae_k(model, args) else [])]
+               *iwae_flags(model, args.iwae_k)]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
     status = run_child(command, f"{folder} saved a checkpoint; the same command continues it").returncode
     if status != 0:

@@ -296,7 +296,7 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
     with pytest.raises(SystemExit) as exit_info:
         compare.main([*flags, "--same-init", "--reuse"])
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and "checkpoints is not a folder" in err and "\n" not in err, err
+    assert exit_info.value.code == 1 and "checkpoints is not a folder" in err and "\n" not in err, err
     assert (killed / "history.jsonl").read_text() == history and (killed / "checkpoints").is_symlink()
 
     # A run killed before its first checkpoint has nothing to resume: it is trained again

@@ -240,3 +240,13 @@ def test_a_run_notes_the_flags_it_ignores(framework, tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("note: --init-scale: only float16 scales its loss, and this run is float32: ignored\n"
             "note: --iwae-k: the VAE's likelihood bound; a GAN has none: ignored\n") in out
+
+
+def test_a_default_from_hparams_is_no_flag_given(monkeypatch):
+    """The model's and the dataset's own defaults are what the run was not told: no note."""
+    monkeypatch.setitem(hparams.DEFAULTS, "init_scale", 1024.0)
+    monkeypatch.setitem(hparams.DATASET_DEFAULTS["ring8"], "tf32", "off")
+    cfg = parse("--dataset", "ring8")
+    assert (cfg.init_scale, cfg.tf32) == (1024.0, "off") and unused_flags(cfg, "fp32", "cpu") == []
+    assert unused_flags(parse("--init-scale", "512"), "fp32", "cpu") == [
+        "--init-scale: only float16 scales its loss, and this run is float32"]

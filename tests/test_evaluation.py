@@ -237,8 +237,10 @@ def test_evaluate_script_draws_record_each_draw_until_the_next_evaluation(tmp_pa
     assert "mean (range) over 3 draws: " in printed
     assert f"fid {np.mean(fids):.4g} ({min(fids):.4g}-{max(fids):.4g})" in printed
 
-    assert evaluate_script.main([str(out), "--samples", "200"]) == 0
+    assert evaluate_script.main([str(out), "--samples", "200", "--iwae-k", "5"]) == 0
     assert "metrics_over_draws" not in json.loads((out / "summary.json").read_text())  # not this evaluation's
+    command = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluate: ")]
+    assert len(command) == 1 and "--iwae-k" not in command[0]  # the VAE's alone: a GAN would note it ignored
 
 
 @pytest.mark.parametrize("script", [gan_pytorch, gan_tensorflow], ids=["pytorch", "tensorflow"])
@@ -287,8 +289,7 @@ def test_quality_table_lr_overrides_every_models_learning_rate(tmp_path, capsys)
     # --iwae-k is the VAE's: a GAN's command goes without it (its script would note it ignored)
     command = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quality_table: ")]
     assert len(command) == 1 and "--iwae-k" not in command[0] and "--lr 0.001" in command[0]
-    asked = SimpleNamespace(iwae_k=7)
-    assert (quality_table.iwae_k("vae", asked), quality_table.iwae_k("dcgan", asked)) == (7, None)
+    assert evaluation.iwae_flags("vae", 7) == ["--iwae-k", "7"] and evaluation.iwae_flags("dcgan", 7) == []
 
     def tabulated(*extra):
         assert quality_table.main([*argv, *extra, "--table-only"]) == 0

@@ -440,7 +440,7 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     ("summary.json", True, '{"step": 2, "metrics": {"fid": "x"}}'),
     ("config.json", False, '{"iters": 2, "precision": [1]}'),
     ("summary.json", True, '{"step": 2, "metrics": {"modes_covered": 1%s}}' % ("0" * 400)),
-    ("summary.json", True, '{"step": 2, "metrics": {"fid": -1.0}}'),  # a squared distance: a mean of 0 divided by
+    ("summary.json", True, '{"step": 2, "metrics": {"fid": -1.0}}'),  # a squared distance; a mean of 0 was divided by
 ])
 def test_quality_table_names_a_damaged_file_in_one_line(name, table_only, content, tmp_path, capsys):
     from scripts import quality_table
