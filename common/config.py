@@ -365,7 +365,7 @@ LOSS_SCALING_FLAGS = ("init_scale", "growth_factor", "backoff_factor", "growth_i
 
 def unused_flags(cfg: RunConfig, precision: str, device_type: str) -> list[str]:
     """The flags set away from their defaults that this run never reads, each with why. Every
-    script takes the same flags (quality_table.py passes one command to every model), so they
+    script takes the same flags (benchmark.py hands its others to every configuration), so they
     are accepted; a note says they did nothing, where silence would pass for an effect."""
     hparams = models.get(cfg.model).hparams  # the defaults the parser had: the model's, the dataset's
     defaults = {**dataclasses.asdict(RunConfig(model=cfg.model, framework=cfg.framework)), **hparams.DEFAULTS,
