@@ -26,7 +26,7 @@ from common.distributed import OneProcess, Replicas
 from common.errors import CheckpointError, UserError
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
-from common.runs import BatchOrder, Checkpoints, RunFolder, read_json
+from common.runs import BatchOrder, Checkpoints, RunFolder, not_a_folder, read_json
 from common.tensorboard import Board, Writer
 
 
@@ -428,6 +428,9 @@ class ProfileWindow:
                     f"starts {WARMUP_STEPS} steps in (tracing, warm-up); --iters "
                     f"{self.first + PROFILED_STEPS} profiles all of it")
             self.first = None
+        # now, not when the window ends: its steps since the last checkpoint were lost with it
+        if self.first is not None and (problem := not_a_folder(run.path / "profile")):
+            raise problem
 
     def before(self, step: int):
         if step == self.first:

@@ -513,6 +513,20 @@ def test_profile_of_a_run_too_short_for_its_window_says_so(tmp_path, capsys):
     assert "--profile" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_profile_into_a_file_is_refused_before_the_first_step(framework, tmp_path, capsys):
+    """A `profile` file in the run folder failed only when the window ended (TensorFlow with a
+    traceback), and the steps trained since the last checkpoint were lost with the run."""
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "2")
+    (out / "profile").write_text("my notes")
+    settings = (out / "config.json").read_bytes()
+    expect_exit(1, f"{out / 'profile'} is not a folder", capsys, framework, out, "--iters", "16", "--resume",
+                "--profile")
+    assert (out / "config.json").read_bytes() == settings and (out / "profile").read_text() == "my notes"
+    assert [row["step"] for row in RunFolder(out).read_history()] == [2]
+
+
 def write_png_folder(root, count, size=(12, 12), mode="RGB"):
     from PIL import Image
 
