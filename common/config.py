@@ -367,16 +367,19 @@ def unused_flags(cfg: RunConfig, precision: str, device_type: str) -> list[str]:
     """The flags set away from their defaults that this run never reads, each with why. Every
     script takes the same flags (benchmark.py hands its others to every configuration), so they
     are accepted; a note says they did nothing, where silence would pass for an effect."""
-    hparams = models.get(cfg.model).hparams  # the defaults the parser had: the model's, the dataset's
-    defaults = {**dataclasses.asdict(RunConfig(model=cfg.model, framework=cfg.framework)), **hparams.DEFAULTS,
-                **getattr(hparams, "DATASET_DEFAULTS", {}).get(cfg.dataset, {})}
+    # the defaults the parser had: the model's, the dataset's (none for scripts/train_feature_net.py's
+    # classifier, which is no model of the registry)
+    entry = models.MODELS.get(cfg.model)
+    hparams = entry.hparams if entry else None
+    defaults = {**dataclasses.asdict(RunConfig(model=cfg.model, framework=cfg.framework)),
+                **getattr(hparams, "DEFAULTS", {}), **getattr(hparams, "DATASET_DEFAULTS", {}).get(cfg.dataset, {})}
     changed = {name for name, value in dataclasses.asdict(cfg).items() if value != defaults[name]}
     notes = []
     scaling = [f"--{name.replace('_', '-')}" for name in LOSS_SCALING_FLAGS if name in changed]
     if scaling and precision != "amp-fp16":
         notes.append(f"{', '.join(scaling)}: only float16 scales its loss, and this run is "
                      f"{'float32' if precision == 'fp32' else 'bfloat16'}")
-    if "iwae_k" in changed and models.get(cfg.model).family != "VAE":
+    if "iwae_k" in changed and (entry is None or entry.family != "VAE"):
         notes.append("--iwae-k: the VAE's likelihood bound; a GAN has none")
     elif "iwae_k" in changed and not cfg.evaluate:
         notes.append("--iwae-k: the IWAE bound is measured under --evaluate N only")
