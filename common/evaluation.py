@@ -188,7 +188,8 @@ def real_data_floor(count: int = MNIST_TEST_IMAGES) -> dict:
 FLAG_KEYS = [key for key in RESUME_KEYS if key not in ("model", "framework")] + ["amp_dtype", "device"]
 
 
-AMP_DTYPES = {"amp-fp16": "float16", "amp-bf16": "bfloat16"}
+# the --amp-dtype that gives each 16-bit precision (config.AMP_DTYPES are that flag's choices)
+PRECISION_AMP_DTYPE = {"amp-fp16": "float16", "amp-bf16": "bfloat16"}
 
 
 def rerun_flags(config: dict, step: int, device: str | None = None) -> list[str]:
@@ -197,8 +198,8 @@ def rerun_flags(config: dict, step: int, device: str | None = None) -> list[str]
     config = settings_as_today(config)
     if device:
         config = {**config, "device": device}
-        if config.get("precision") in AMP_DTYPES:  # "auto" would pick another 16-bit type there
-            config["amp_dtype"] = AMP_DTYPES[config["precision"]]
+        if config.get("precision") in PRECISION_AMP_DTYPE:  # "auto" would pick another 16-bit type there
+            config["amp_dtype"] = PRECISION_AMP_DTYPE[config["precision"]]
     flags = ["--amp"] if config.get("amp") else []
     for key in FLAG_KEYS:
         value = config.get(key)
