@@ -234,17 +234,12 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, monitor: Monitor, l
     if not cfg.resume:
         return 0, 0
     named_step, path = run.latest_checkpoint()
-    meta = session.checkpoints.restore(path)
+    meta = session.checkpoints.restore(path, cfg.model)  # of another model: refused by name
     # The file's name picks it as the latest: a step inside it that says otherwise (an edited
     # or misplaced file) would truncate the history, or skip training, at the wrong step.
     if meta["step"] != named_step:
         raise CheckpointError(f"checkpoint {path} holds step {meta['step']}, not the step its name "
                               "says; delete it to resume from the one before")
-    # Another model's checkpoint can have the same shapes (LSGAN and the vanilla GAN), so shapes
-    # alone do not catch it; older checkpoints record no model.
-    if meta.get("model", cfg.model) != cfg.model:
-        raise CheckpointError(f"checkpoint {path} is of model {meta['model']}, this run is "
-                              f"{cfg.model}; resume with the model's own script")
     # Evaluating a run whose last steps went NaN is allowed (its samples say so); training on is not.
     if meta.get("nonfinite") and meta["step"] < cfg.iters:
         raise CheckpointError(f"checkpoint {path} holds inf/NaN in {meta['nonfinite']}: training on from it "

@@ -204,10 +204,10 @@ def check_regular_file(path: Path, what: str) -> None:
         raise CheckpointError(f"{what} {path} is not a regular file; remove it or name another")
 
 
-def check_meta(path: Path, meta) -> dict:
+def check_meta(path: Path, meta, model: str) -> dict:
     """The meta a checkpoint was saved with, checked before anything trusts it: a dict whose
     step and skipped-step count (and inf/NaN streak, if recorded) are non-negative integers, and
-    whose model, if recorded, is a name. One CheckpointError line otherwise."""
+    whose model, if recorded, is `model`, the run's. One CheckpointError line otherwise."""
     def count(key):
         value = meta.get(key)
         if not _is_count(value):
@@ -224,6 +224,12 @@ def check_meta(path: Path, meta) -> dict:
         checked["nonfinite_streak"] = count("nonfinite_streak")
     if not isinstance(checked.get("model", ""), str):
         raise CheckpointError(f"checkpoint {path} has no valid model name (found {checked['model']!r})")
+    # Checked before the tensors: another model's can have the same shapes (LSGAN and the
+    # vanilla GAN), and where they differ the first mismatch would not say why. Older
+    # checkpoints record no model.
+    if checked.get("model", model) != model:
+        raise CheckpointError(f"checkpoint {path} is of model {checked['model']}, this run is "
+                              f"{model}; resume with the model's own script")
     return checked
 
 
@@ -239,7 +245,7 @@ class Checkpoints(Protocol):
     def nonfinite(self) -> str | None:
         """Where the live state (weights, optimizer state, averages) first holds inf/NaN, or None."""
 
-    def restore(self, path: Path) -> dict:
+    def restore(self, path: Path, model: str) -> dict:
         """Load the state; returns the meta it was saved with, checked by `check_meta` (and
         "warning", a line to print, for an older checkpoint that loads with a caveat, and
         "nonfinite", where the state first holds inf/NaN, if anywhere: --resume refuses to

@@ -48,8 +48,9 @@ class Checkpoints:
             return "scaler/scale"
         return found
 
-    def restore(self, path: Path) -> dict:
-        """Load every piece of the state; returns the meta (step, skipped_total, model)."""
+    def restore(self, path: Path, model: str) -> dict:
+        """Load every piece of the state of a checkpoint of `model`; returns the meta (step,
+        skipped_total, model)."""
         check_regular_file(path, "checkpoint")
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -59,7 +60,7 @@ class Checkpoints:
         try:
             if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise ValueError("not a checkpoint of this repository")
-            meta = check_meta(path, state["meta"])
+            meta = check_meta(path, state["meta"], model)
             for name, module in self.trainer.modules.items():
                 check_same_tensors(state["modules"][name], module.state_dict(), f"modules/{name}")
                 module.load_state_dict(state["modules"][name])

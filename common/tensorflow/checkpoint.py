@@ -59,8 +59,9 @@ class Checkpoints:
         return found or next((f"optimizer/{name}: the loss scale" for name, scale in scales
                               if not 0 < scale < np.inf), None)
 
-    def restore(self, path: Path) -> dict:
-        """Load every piece of the state; returns the meta (step, skipped_total, model)."""
+    def restore(self, path: Path, model: str) -> dict:
+        """Load every piece of the state of a checkpoint of `model`; returns the meta (step,
+        skipped_total, model)."""
         check_regular_file(path, "checkpoint")
         try:
             arrays = read_npz_arrays(path)
@@ -79,9 +80,9 @@ class Checkpoints:
             streak = arrays["meta/nonfinite_streak"]
             meta["nonfinite_streak"] = streak.item() if is_integer(streak) else None
         if "meta/model" in arrays:  # older checkpoints record no model
-            model = arrays["meta/model"]
-            meta["model"] = str(model) if model.dtype.kind == "U" and model.shape == () else None
-        meta = check_meta(path, meta)
+            recorded = arrays["meta/model"]
+            meta["model"] = str(recorded) if recorded.dtype.kind == "U" and recorded.shape == () else None
+        meta = check_meta(path, meta, model)
         groups = _variables(self.trainer)
         if found == OLD_NOISE_FORMAT:
             groups.pop("rng/noise")
