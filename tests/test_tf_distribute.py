@@ -453,7 +453,8 @@ def test_clip_grad_norm_clips_the_global_gradient_of_mirrored_replicas(tmp_path,
         alone, together = first_moments(tmp_path / "alone", network), first_moments(tmp_path / "together", network)
         assert len(alone) == len(together) >= 4
         norms = [np.sqrt(sum(float(np.sum(m ** 2)) for m in moments)) / (1 - beta1) for moments in (alone, together)]
-        assert norms == pytest.approx([clip, clip], rel=1e-6), (network, norms)
+        # clip * norm / (norm + 1e-6), as clip_grad_norm_: under the clip by 1e-6 / norm
+        assert all(clip * (1 - 1e-4) < n <= clip * (1 + 1e-6) for n in norms), (network, norms)
         apart = np.sqrt(sum(float(np.sum((a - b) ** 2)) for a, b in zip(alone, together)))
         # measured: 1.4e-7 of the norm in float32; 4.5e-4 in float16, whose rounding differs per replica
         assert apart <= (1e-5 if precision == "fp32" else 2e-3) * norms[0] * (1 - beta1), (network, apart)

@@ -34,6 +34,20 @@ class PyTorchEpsilon:
         self.assign_sub(variable, ops.divide(ops.multiply(m, step_size), denominator))
 
 
+class PyTorchClipping:
+    """--clip-grad-norm (`global_clipnorm`) as torch.nn.utils.clip_grad_norm_ computes it: the
+    gradients times min(1, max_norm / (norm + 1e-6)). Keras divides by the norm alone, which
+    left its gradient 4.8% longer than PyTorch's at a norm of 2e-5 and a clip of 1e-5, 33% at
+    2e-6 and 1e-6. An inf norm gives 0 (inf gradients NaN), a NaN norm NaN, as in PyTorch."""
+
+    def _clip_gradients(self, grads):
+        if not (self.global_clipnorm and self.global_clipnorm > 0):
+            return super()._clip_gradients(grads)
+        norm = ops.sqrt(ops.sum(ops.stack([ops.sum(ops.square(g)) for g in grads if g is not None])))
+        scale = ops.minimum(self.global_clipnorm / (norm + 1e-6), 1.0)
+        return [None if g is None else g * ops.cast(scale, g.dtype) for g in grads]
+
+
 class SumsReplicasFirst:
     """Under --distribute, the replicas' gradients summed as they arrive, before anything looks
     at them, as PyTorch's DDP all-reduces them before clip_grad_norm_ and the optimizer.
@@ -60,19 +74,20 @@ def sum_over_replicas(gradients):
     return [None if gradient is None else next(summed) for gradient in gradients]
 
 
-class Adam(SumsReplicasFirst, PyTorchEpsilon, keras.optimizers.Adam):
+class Adam(SumsReplicasFirst, PyTorchClipping, PyTorchEpsilon, keras.optimizers.Adam):
     pass
 
 
-class AdamW(SumsReplicasFirst, PyTorchEpsilon, keras.optimizers.AdamW):
+class AdamW(SumsReplicasFirst, PyTorchClipping, PyTorchEpsilon, keras.optimizers.AdamW):
     """Keras applies the decoupled weight decay (variable -= lr * wd * variable) before the
     update, as torch.optim.AdamW does."""
 
 
 def make_optimizer(cfg: RunConfig, runtime) -> keras.optimizers.Optimizer:
-    """Adam/AdamW as PyTorch computes them (its epsilon and where it adds it), wrapped for loss scaling under float16.
+    """Adam/AdamW as PyTorch computes them (its epsilon and where it adds it, its clipping),
+    wrapped for loss scaling under float16.
 
-    --clip-grad-norm is the inner optimizer's `global_clipnorm`: the LossScaleOptimizer
+    --clip-grad-norm is the inner optimizer's `global_clipnorm` (PyTorchClipping): the LossScaleOptimizer
     unscales the gradients before it hands them on, so the clip sees the true gradients, and
     under --distribute the inner optimizer sums the replicas' gradients before it clips
     (SumsReplicasFirst), so the clip sees the global batch's gradient."""
