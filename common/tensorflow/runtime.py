@@ -384,7 +384,10 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     if cfg.tf32 != "auto":  # TensorFloat-32 on NVIDIA GPUs since Ampere (TensorFlow's default: on)
         tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
     keras.utils.set_random_seed(cfg.seed)  # Python, numpy and TensorFlow
-    tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
+    if device_type == "cpu":
+        tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
+    # On a GPU, as the PyTorch twin there (cudnn.benchmark): the fastest kernels, not bit-exact
+    # ones, which are slower and which some GPU ops lack; a speed comparison needs both alike.
     keras.mixed_precision.set_global_policy(amp.POLICIES[precision])  # before any layer is built
     tf.config.optimizer.set_experimental_options({"remapping": not fuses_float16_slowly(precision, device_type)})
     warn_if_bf16_emulated(precision, device_type, log)

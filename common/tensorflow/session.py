@@ -114,7 +114,11 @@ class Session:
         return amp.loss_scale(self.trainer.optimizers.values())
 
     def synchronize(self):
-        pass  # eager results are materialised by .numpy(); nothing is queued between calls
+        # A GPU runs its kernels asynchronously, as with PyTorch's torch.cuda.synchronize: the
+        # step clock waits for the queued steps before it stops (TensorFlow's documented way;
+        # a CPU's eager ops have finished when they return).
+        if self.runtime.device_type == "cuda":
+            tf.test.experimental.sync_devices()
 
     def precision_report(self, indices) -> list[tuple]:
         return precision_report(self.trainer)
