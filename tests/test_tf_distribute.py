@@ -320,6 +320,44 @@ def test_a_worker_whose_peers_never_join_gives_up_in_one_line(tmp_path):
     assert seconds < 60 and not run.exists()
 
 
+def join_watchdog(pid: int) -> int | None:
+    """The join watchdog of worker `pid`, found by its parent and command line (Linux's /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        if parent == pid and b"select.select" in command:
+            return int(stat.parent.name)
+    return None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_a_joining_worker_ends_it_in_one_line(tmp_path, signum):
+    """Ctrl-C, or `timeout`'s or a scheduler's SIGTERM to the process group, while a worker waits
+    for the cluster: the join watchdog, in the group too, used to die of it, and the worker,
+    which cannot take either signal then, waited on forever (SIGTERM) or for the whole join
+    timeout (SIGINT)."""
+    run = tmp_path / "run"
+    (process,) = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), "--iters", "2", *FAST, indices=(0,),
+                               env={"AMPGEN_JOIN_TIMEOUT_S": "300"})
+    try:
+        deadline = time.monotonic() + 120
+        while not join_watchdog(process.pid) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the watchdog runs: the worker is joining
+        assert join_watchdog(process.pid), "the worker never started to join"
+        time.sleep(1.0)  # the watchdog's interpreter has started and set its handlers
+        os.killpg(process.pid, signum)
+    finally:
+        ((code, _, err, seconds),) = finish([process], timeout=60)
+    assert code == -signal.SIGKILL, err[-2000:]
+    ours = [line for line in err.splitlines() if line.startswith("error:")]
+    assert ours == [f"error: interrupted ({signal.Signals(signum).name}) while joining the other workers; "
+                    "nothing was trained"], err[-2000:]
+    assert not run.exists()
+
+
 @pytest.mark.parametrize("value", ["0", "soon", "nan"])
 def test_a_join_timeout_that_is_not_a_number_of_seconds_is_refused(value, monkeypatch):
     from common.config import parse_args

@@ -48,10 +48,20 @@ REPLICA_TIMEOUT_S = 600
 JOIN_TIMEOUT_S = 600
 
 # A process beside the joining worker: unless the worker closes the pipe (joined, or gone) in
-# time, it says so in one line and kills the worker.
+# time, it says so in one line and kills the worker. It takes Ctrl-C and SIGTERM for the worker
+# too: they reach both through the process group (a terminal, `timeout`, a scheduler), and the
+# worker cannot act on them while it joins, so it waited on (SIGTERM: forever, once the signal
+# had killed its watchdog).
 _JOIN_WATCHDOG = """
 import os, select, signal, sys
 pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+def interrupted(signum, frame):
+    print(f"error: interrupted ({signal.Signals(signum).name}) while joining the other workers; "
+          "nothing was trained", file=sys.stderr, flush=True)
+    os.kill(pid, signal.SIGKILL)
+    sys.exit(0)
+signal.signal(signal.SIGINT, interrupted)
+signal.signal(signal.SIGTERM, interrupted)
 if not select.select([sys.stdin], [], [], seconds)[0]:
     print(message, file=sys.stderr, flush=True)
     os.kill(pid, signal.SIGKILL)
