@@ -42,7 +42,7 @@ from common.config import AMP_DTYPES, RESUME_KEYS, parse_args, resolve_precision
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import sample_count
 from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
-from common.runs import RunFolder, read_json, settings_as_today
+from common.runs import continue_flags, read_json, settings_as_today
 
 # compare sets these itself; each with what to use instead
 OWN_FLAGS = {"--out": "use --runs, --reuse or --overwrite", "--resume": "use --runs, --reuse or --overwrite",
@@ -121,10 +121,10 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
     if done > plan.config.iters:
         raise UsageError(f"cannot reuse {folder}: it trained {done} iterations, --iters asks for "
                          f"{plan.config.iters}; --overwrite to train it again")
-    if RunFolder(folder).latest_checkpoint() is None:  # stopped before its first checkpoint: nothing to keep
+    extra = continue_flags(folder, done, again)
+    if extra == ["--overwrite"]:  # stopped before its first checkpoint: nothing to keep
         print(f"compare: {folder} holds no checkpoint yet: training it from the start", flush=True)
-        return ["--overwrite"]
-    return ["--resume"]
+    return extra
 
 
 def train(plan: Plan, extra: list[str]) -> None:

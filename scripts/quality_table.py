@@ -34,7 +34,7 @@ from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import evaluate_run, iwae_flags, sample_count
-from common.runs import RunFolder, atomic_write, read_json, settings_as_today, strict_json
+from common.runs import atomic_write, continue_flags, read_json, settings_as_today, strict_json
 
 DATASETS = ("mnist", *POINT_DATASETS)
 AGAIN = "; --overwrite to train it again"
@@ -113,8 +113,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                 if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
                     evaluate_run(folder, args.samples, args.iwae_k)
                 return read_json(summary_path, ("step",), AGAIN)
-            # A run stopped before its first checkpoint has nothing to resume: start it over.
-            extra = ["--resume"] if RunFolder(folder).latest_checkpoint() else ["--overwrite"]
+            extra = continue_flags(folder, done.get("step", 0), AGAIN)
     # --out=FOLDER: a folder that starts with "-" (--runs ./-q) is the flag's value, not a flag
     command = [sys.executable, str(models.MODELS[model].script(framework)), f"--out={folder}",
                "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from common import cpu, porting, report
+from common.errors import UsageError
 from GAN.dcgan import dcgan_tensorflow
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from scripts import compare
@@ -385,6 +386,25 @@ def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_
     (finished.folder / "summary.json").write_text(json.dumps({"step": 4, "metrics": {"samples": 200, "fid": 9.0}}))
     assert compare.decide(plan("--evaluate", "200"), reuse=True, overwrite=False) is None
     assert compare.decide(plan("--evaluate", "500"), reuse=True, overwrite=False) == ["--resume"]
+
+
+def test_reuse_refuses_to_train_again_over_results_whose_checkpoints_were_deleted(tmp_path):
+    """A run with results (a summary at step 4) but its checkpoints deleted, say to save space,
+    cannot be continued to --iters 6: it was trained again from the start under --overwrite,
+    its results lost, where the model script alone refuses. One killed before its first
+    checkpoint (no summary) is still trained again: it has nothing to keep."""
+    def plan(iters):
+        return compare.Plan("vanilla_gan", "pytorch", False, ["--iters", str(iters), *TINY], tmp_path, "cpu")
+
+    run = plan(4)
+    run.folder.mkdir(parents=True)
+    (run.folder / "config.json").write_text(json.dumps(run.expected()))
+    (run.folder / "summary.json").write_text(json.dumps({"step": 4}))
+    with pytest.raises(UsageError, match="results up to step 4 but no checkpoint to continue from"):
+        compare.decide(plan(6), reuse=True, overwrite=False)
+    assert compare.decide(plan(6), reuse=True, overwrite=True) == ["--overwrite"]
+    (run.folder / "summary.json").unlink()
+    assert compare.decide(plan(6), reuse=True, overwrite=False) == ["--overwrite"]
 
 
 def test_compare_hands_run_folders_starting_with_a_dash_to_the_scripts(tmp_path, monkeypatch):

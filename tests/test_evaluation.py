@@ -359,6 +359,17 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "batch_size 32, not 64" in err and "\n" not in err, err
 
+    # An unfinished run whose checkpoints were deleted but whose results are there is refused:
+    # it was trained again under --overwrite, its results lost
+    summary_path.write_text(json.dumps({**json.loads(finished), "step": 3, "stopped_early": True}))
+    shutil.rmtree(killed / "checkpoints")
+    history = (killed / "history.jsonl").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        quality_table.main([*argv, "--datasets", "ring8"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "results up to step 3 but no checkpoint" in err and "\n" not in err, err
+    assert (killed / "history.jsonl").read_bytes() == history
+
 
 def test_quality_table_trains_only_the_precisions_asked_for(tmp_path):
     from scripts import quality_table
