@@ -524,7 +524,7 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
         "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
         "replicas": session.replicas.count,
         "cpu": cpu.describe(),  # the timings', and a seed's bit-exact results, hold on this kind of CPU
-        "gpu": session.gpu_name(),  # and on this GPU, on CUDA
+        "gpu": session.gpu_name(),  # on CUDA the timings hold on this GPU (results are not bit-exact there)
         "stopped_early": stopped_early,
     }
 

@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
+from tensorflow.python.eager import context as eager_context  # what sync_devices itself uses
+from tensorflow.python.framework import config as framework_config
+from tensorflow.python.ops import gen_sync_ops
 
 from common import distributed, quiet
 from common.config import RunConfig, describe_precision, note_unused_flags, resolve_precision, warn_if_bf16_emulated
@@ -55,16 +58,20 @@ JOIN_TIMEOUT_S = 600
 _JOIN_WATCHDOG = """
 import os, select, signal, sys
 pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+def say(line):  # after the kill: a reader gone from stderr (`| tee`, ended by the same Ctrl-C) must not stop it
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 def interrupted(signum, frame):
-    print(f"error: interrupted ({signal.Signals(signum).name}) while joining the other workers; "
-          "nothing was trained", file=sys.stderr, flush=True)
     os.kill(pid, signal.SIGKILL)
+    say(f"error: interrupted ({signal.Signals(signum).name}) while joining the other workers; nothing was trained")
     sys.exit(0)
 signal.signal(signal.SIGINT, interrupted)
 signal.signal(signal.SIGTERM, interrupted)
 if not select.select([sys.stdin], [], [], seconds)[0]:
-    print(message, file=sys.stderr, flush=True)
     os.kill(pid, signal.SIGKILL)
+    say(message)
 """
 
 
@@ -137,6 +144,18 @@ class Replicas:
     @property
     def writer(self) -> bool:
         return self.rank == 0
+
+    def synchronize(self):
+        """Wait for the kernels queued on this process's devices (a GPU runs them asynchronously),
+        as tf.test.experimental.sync_devices does for every logical device: under
+        MultiWorkerMirroredStrategy those include the other workers', and it failed there
+        ("Haven't set up remote eager worker")."""
+        own = f"/task:{self.rank}/"
+        for device in tf.config.list_logical_devices():
+            if "/job:" not in device.name or own in device.name:
+                with tf.device(device.name):
+                    gen_sync_ops.SyncDevice()
+        eager_context.async_wait()
 
     # --- what the training steps use (in a replica's context) -------------------------
     def share(self, loss: tf.Tensor) -> tf.Tensor:
@@ -396,8 +415,11 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     keras.utils.set_random_seed(cfg.seed)  # Python, numpy and TensorFlow
     if device_type == "cpu":
         tf.config.experimental.enable_op_determinism()  # makes --resume bit-exact
-    # On a GPU, as the PyTorch twin there (cudnn.benchmark): the fastest kernels, not bit-exact
-    # ones, which are slower and which some GPU ops lack; a speed comparison needs both alike.
+    else:
+        # On a GPU, as the PyTorch twin there (cudnn.benchmark): the fastest kernels, not bit-exact
+        # ones, which are slower and which some GPU ops lack; a speed comparison needs both
+        # alike. Set, not assumed: a CPU run earlier in the process turned determinism on.
+        framework_config.disable_op_determinism()
     keras.mixed_precision.set_global_policy(amp.POLICIES[precision])  # before any layer is built
     tf.config.optimizer.set_experimental_options({"remapping": not fuses_float16_slowly(precision, device_type)})
     warn_if_bf16_emulated(precision, device_type, log)
