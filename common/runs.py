@@ -109,17 +109,20 @@ def not_a_folder(folder: Path) -> UserError | None:
     return None
 
 
-def continue_flags(folder: Path, step: int, again: str) -> list[str]:
+def continue_flags(folder: Path, summary: dict, again: str) -> list[str]:
     """How a script that drives the model scripts (compare.py --reuse, quality_table.py) takes
-    an unfinished run at `step` (its summary's; 0 without one) on toward its --iters:
+    an unfinished run with `summary` ({} without one) on toward its --iters:
     --resume from its latest checkpoint; --overwrite, training it again, when it has none and
     nothing to lose (killed before its first); refused when its checkpoints are gone but its
     results are there (deleted to save space), as the model script alone refuses."""
     if RunFolder(folder).latest_checkpoint() is not None:
         return ["--resume"]
+    step = summary.get("step", 0)
     if step > 0:
+        # a run stopped on inf/NaN says so; its diverged_step_* state is not one to go on from
+        cause = f"it stopped: {summary['stopped']}" if isinstance(summary.get("stopped"), str) else "deleted?"
         raise UsageError(f"cannot continue {folder}: it holds results up to step {step} but no checkpoint "
-                         f"to continue from (deleted?){again}, deleting them, or --runs for another folder")
+                         f"to continue from ({cause}){again}, deleting them, or --runs for another folder")
     return ["--overwrite"]
 
 

@@ -121,7 +121,7 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
     if done > plan.config.iters:
         raise UsageError(f"cannot reuse {folder}: it trained {done} iterations, --iters asks for "
                          f"{plan.config.iters}; --overwrite to train it again")
-    extra = continue_flags(folder, done, again)
+    extra = continue_flags(folder, summary, again)
     if extra == ["--overwrite"]:  # stopped before its first checkpoint: nothing to keep
         print(f"compare: {folder} holds no checkpoint yet: training it from the start", flush=True)
     return extra

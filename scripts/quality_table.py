@@ -113,7 +113,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                 if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
                     evaluate_run(folder, args.samples, args.iwae_k)
                 return read_json(summary_path, ("step",), AGAIN)
-            extra = continue_flags(folder, done.get("step", 0), AGAIN)
+            extra = continue_flags(folder, done, AGAIN)
     # --out=FOLDER: a folder that starts with "-" (--runs ./-q) is the flag's value, not a flag
     command = [sys.executable, str(models.MODELS[model].script(framework)), f"--out={folder}",
                "--dataset", dataset, "--seed", str(seed), "--evaluate", str(args.samples), *extra,

@@ -402,7 +402,9 @@ def test_reuse_refuses_to_train_again_over_results_whose_checkpoints_were_delete
     (run.folder / "summary.json").write_text(json.dumps({"step": 4}))
     with pytest.raises(UsageError, match="results up to step 4 but no checkpoint to continue from"):
         compare.decide(plan(6), reuse=True, overwrite=False)
-    assert compare.decide(plan(6), reuse=True, overwrite=True) == ["--overwrite"]
+    (run.folder / "summary.json").write_text(json.dumps({"step": 4, "stopped": "losses inf/NaN since step 2"}))
+    with pytest.raises(UsageError, match=r"no checkpoint to continue from \(it stopped: losses inf/NaN since step 2\)"):
+        compare.decide(plan(6), reuse=True, overwrite=False)
     (run.folder / "summary.json").unlink()
     assert compare.decide(plan(6), reuse=True, overwrite=False) == ["--overwrite"]
 
