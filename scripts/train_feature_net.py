@@ -126,6 +126,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"drop {', '.join(clashing)}")
     elif args.table_out:
         raise UsageError("--table-out needs --precisions")
+    weights = [path.resolve() for path in (args.out, DEFAULT_WEIGHTS) if path]
+    for flag, path in (("--result-json", args.result_json), ("--table-out", args.table_out)):
+        # Written whatever the accuracy gate decides, so it would replace the weights it names
+        if path and path.resolve() in weights:
+            raise UsageError(f"{flag} {path} is a weights file; name another file")
     return args
 
 

@@ -248,3 +248,23 @@ def test_bad_flags_are_one_line_errors(training_script, capsys, flags):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "error:" in error
+
+
+@pytest.mark.parametrize("flags", [["--result-json", "{weights}", "--out", "{weights}"],
+                                   ["--result-json", "{committed}"],
+                                   ["--result-json", "{committed}", "--out", "{weights}"],
+                                   ["--precisions", "fp32", "--table-out", "{committed}"]])
+def test_a_measurements_file_that_names_a_weights_file_is_refused(training_script, capsys, tmp_path, monkeypatch,
+                                                                  flags):
+    """The JSON or table is written whatever the accuracy gate decides: named as the weights
+    (--out's, or the committed file, given relative to the working folder), it would replace them."""
+    committed = training_script.DEFAULT_WEIGHTS
+    committed.write_bytes(b"the committed weights")
+    monkeypatch.chdir(tmp_path)
+    flags = [flag.format(weights="net.npz", committed=committed.name) for flag in flags]
+    with pytest.raises(SystemExit) as exit_info:
+        training_script.main(TINY + flags)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "is a weights file" in error
+    assert committed.read_bytes() == b"the committed weights" and not (tmp_path / "net.npz").exists()
