@@ -435,6 +435,25 @@ def test_compare_hands_run_folders_starting_with_a_dash_to_the_scripts(tmp_path,
     assert tensorflow.init_from == pytorch.out
 
 
+def test_make_demo_trains_into_its_own_folder_and_replaces_no_run():
+    """`make demo` once ran both model scripts with --overwrite into the default run folders,
+    replacing a user's own runs/vanilla_gan/... without a word; its runs are its own now, and
+    reused when it runs again."""
+    import shlex
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    planned = subprocess.run(["make", "--dry-run", "--always-make", "demo", "DEMO_AMP=", f"PY={sys.executable}"],
+                             cwd=root, capture_output=True, text=True, timeout=120, check=True).stdout
+    scripts = [shlex.split(line) for line in planned.splitlines() if ".py" in line and "pip" not in line]
+    assert scripts and all("--overwrite" not in command for command in scripts)
+    (demo,) = [command for command in scripts if command[1].endswith("compare.py")]
+    args, flags = compare.parse(demo[2:])
+    assert args.model == "vanilla_gan" and args.reuse and "--iters" in flags
+    assert Path(args.runs) != Path("runs") and Path(args.runs).parts[0] == "runs"  # make clean removes it
+
+
 def test_the_tensorboard_command_printed_is_the_one_that_runs(tmp_path, monkeypatch):
     """After `make demo` tensorboard is in .venv/bin, on no PATH: the last line names it there."""
     bin_folder = tmp_path / "venv" / "bin"
