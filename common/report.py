@@ -23,7 +23,7 @@ from common import cpu  # noqa: E402
 from common.config import POINT_DATASETS  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.evaluation import figure  # noqa: E402
-from common.runs import NOT_LOSSES, RunFolder, atomic_write, strict_json  # noqa: E402
+from common.runs import NOT_LOSSES, RunFolder, atomic_write, markdown_row, strict_json  # noqa: E402
 
 SAMPLE_NAME = re.compile(r"^step_(\d{6,})\.png$")  # prior samples, not the VAE's _recon grids
 
@@ -194,7 +194,7 @@ def markdown_table(rows: list[dict]) -> str:
     metric_names = sorted({name for row in rows for name in row["metrics"]})
     header = ["run", "device", "steps", "median ms/step", "samples/s", "peak MB", "skipped",
               "final losses", *metric_names]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [markdown_row(header), "|" + "---|" * len(header)]
     for row in rows:
         losses = ", ".join(f"{k} {v:.3f}" for k, v in row["final_losses"].items()) or "-"
         cells = [row["run"], str(row["device"]), str(row["steps"]),
@@ -202,7 +202,7 @@ def markdown_table(rows: list[dict]) -> str:
                  _number(row["peak_memory_mb"], 0), str(row["skipped_steps"]), losses,
                  *("-" if row["metrics"].get(name) is None else figure(row["metrics"][name], ".4f")
                    for name in metric_names)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return "\n".join(lines)
 
 

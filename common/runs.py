@@ -86,6 +86,19 @@ def strict_json(value, **options) -> str:
     return json.dumps(finite_or_null(value), allow_nan=False, **options)
 
 
+def one_line(text) -> str:
+    """`text` as one printable line: its line breaks as spaces, and a lone surrogate (a JSON
+    "\\ud800", a folder name's undecodable byte) as its \\u escape, where print() and
+    str.encode() raised UnicodeEncodeError. For what a file or folder name puts in our output."""
+    return " ".join(str(text).splitlines()).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def markdown_row(cells) -> str:
+    """A row of a GitHub markdown table, each cell one_line() with its `|` escaped: a run's
+    field or folder name holding `|` or a line break (an edit) opened a column or ended the row."""
+    return "| " + " | ".join(one_line(cell).replace("|", r"\|") for cell in cells) + " |"
+
+
 def null_as_nan(value):
     """`value` with every None in it (through dicts and lists) as NaN: where a loss or a metric
     was inf/NaN its file holds null (strict_json), read back as the NaN the arithmetic, plots

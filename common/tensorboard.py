@@ -35,7 +35,7 @@ from PIL import Image
 
 from common.config import RunConfig
 from common.errors import described
-from common.runs import RunFolder
+from common.runs import RunFolder, markdown_row
 
 SAMPLES_TAG = "samples"
 CONFIG_TAG = "run/config"
@@ -85,7 +85,7 @@ def settings(config: dict) -> dict:
 
 def config_text(config: dict) -> str:
     title = f"{config['model']}, {config['framework']}, {config['precision']} on {config['device']}"
-    rows = [f"| {key} | {value} |" for key, value in settings(config).items()]
+    rows = [markdown_row((key, value)) for key, value in settings(config).items()]  # a path may hold "|"
     return "\n".join([f"**{title}**", "", "| setting | value |", "|---|---|", *rows])
 
 

@@ -34,7 +34,7 @@ from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import evaluate_run, iwae_flags, sample_count
-from common.runs import atomic_write, continue_flags, read_json, settings_as_today, strict_json
+from common.runs import atomic_write, continue_flags, markdown_row, read_json, settings_as_today, strict_json
 
 DATASETS = ("mnist", *POINT_DATASETS)
 AGAIN = "; --overwrite to train it again"
@@ -202,14 +202,14 @@ def markdown(rows: list[dict], seed_column: bool = False) -> str:
     iwae = sorted({k for row in rows for k in row["metrics"] if k.startswith("test_iwae")})
     header = ["model", "data", "framework", "precision", *(["seed"] if seed_column else []),
               *(title for _, title, _ in COLUMNS), *(k.replace("test_iwae_", "IWAE ") for k in iwae), "FID vs fp32"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [markdown_row(header), "|" + "---|" * len(header)]
     for row in rows:
         metrics, spread = row["metrics"], row.get("spread", {})
         cells = [row["model"], row["dataset"], row["framework"], row["precision"],
                  *([seed_cell(row)] if seed_column else []),
                  *(cell(metrics.get(key), digits, spread.get(key)) for key, _, digits in COLUMNS),
                  *(cell(metrics.get(key), 1, spread.get(key)) for key in iwae), cell(row.get("fid_ratio"), 2)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import cpu, flags
 from common.errors import UserError, exit_on_user_error
 from common.flags import OneLineErrorParser
-from common.runs import NOT_LOSSES, read_json
+from common.runs import NOT_LOSSES, markdown_row, one_line, read_json
 
 COLUMNS = ("run folder", "model", "data", "precision", "device", "steps", "median ms/step", "samples/s",
            "peak MB", "skipped", "final losses")
@@ -58,11 +58,11 @@ def main(argv=None):
     found = list(rows(parser.parse_args(argv).folders))
     if not found:
         raise UserError("no summary.json under those folders; train a model first")
-    print("| " + " | ".join(COLUMNS) + " |")
+    print(markdown_row(COLUMNS))
     print("|" + "---|" * len(COLUMNS))
     for row, _ in found:
-        print("| " + " | ".join(row) + " |")
-    print("\n" + "\n".join(cpu.measured_on([machine for _, machine in found])))  # apart from the table
+        print(markdown_row(row))
+    print("\n" + "\n".join(map(one_line, cpu.measured_on([machine for _, machine in found]))))  # apart from the table
     return 0
 
 

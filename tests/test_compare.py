@@ -479,3 +479,13 @@ def test_the_report_table_prints_counts_whole_and_figures_to_four_places():
            "metrics": {"samples": 2500.0, "modes_covered": 8, "high_quality": 0.71234}}
     line = report.markdown_table([row]).splitlines()[-1]
     assert line.endswith("| 0.7123 | 8 | 2500 |"), line  # not 8.0000 and 2500.0000
+
+
+def test_the_report_table_keeps_each_run_on_one_row_of_its_columns():
+    """A loss, metric or device of a run's files (an edit) holding `|` or a line break opened a
+    column or ended the row."""
+    row = {"run": "pytorch fp32", "device": "cpu|0\r\n", "steps": 4, "median_step_ms": 1.0, "samples_per_s": 2.0,
+           "peak_memory_mb": 3.0, "skipped_steps": 0, "final_losses": {"d|lo\nss": 1.0}, "metrics": {"f|id": 2.5}}
+    assert report.markdown_table([row]).splitlines() == [
+        r"| run | device | steps | median ms/step | samples/s | peak MB | skipped | final losses | f\|id |",
+        "|---|" + "---|" * 8, r"| pytorch fp32 | cpu\|0 | 4 | 1.00 | 2 | 3 | 0 | d\|lo ss 1.000 | 2.5000 |"]

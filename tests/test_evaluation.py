@@ -306,6 +306,18 @@ def test_quality_table_lr_overrides_every_models_learning_rate(tmp_path, capsys)
     assert exit_info.value.code == 1 and "measured on --samples 200" in capsys.readouterr().err
 
 
+def test_quality_table_keeps_each_run_on_one_row_of_its_columns():
+    """A precision (config.json) or IWAE metric (summary.json) holding `|` or a line break (an
+    edit) opened a column or ended the row."""
+    from scripts import quality_table
+
+    row = {"model": "vanilla_vae", "dataset": "mnist", "framework": "pytorch", "precision": "amp|bf16\n",
+           "metrics": {"test_iwae_5|x\r\n": -90.0}}
+    table = quality_table.markdown([row]).splitlines()
+    assert len(table) == 3 and table[0].endswith(r"| IWAE 5\|x | FID vs fp32 |"), table
+    assert table[2] == r"| vanilla_vae | mnist | pytorch | amp\|bf16 | - | - | - | - | - | - | - | -90.0 | - |"
+
+
 def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     from scripts import quality_table
 

@@ -375,7 +375,9 @@ def test_compare_refuses_a_file_for_a_folder(flag, tmp_path, capsys):
 @pytest.mark.parametrize("name, content", [
     ("summary.json", '{"step": 2, "med'), ("summary.json", "{}"), ("config.json", None),
     ("summary.json", '{"model": "vanilla_gan", "framework": "tensorflow", "step": 2, "final": [1]}'),
-    ("summary.json", "[" * 100_000 + "]" * 100_000),
+    ("summary.json", "[" * 100_000 + "]" * 100_000), ("summary.json", '[{"model": "vanilla_gan"}]'),
+    ("summary.json", '{"model": 3, "framework": "tensorflow", "step": 2}'),
+    ("config.json", '{"precision": "fp32", "device": ["cpu"]}'),
     ("summary.json", '{"model": "vanilla_gan", "framework": "tensorflow", "step": 2, "median_step_ms": 1%s}'
      % ("0" * 400)),
 ])
@@ -432,6 +434,36 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
         assert summarize_runs.main([str(tmp_path / "runs")]) == 0
         assert capsys.readouterr().out.splitlines()[-2] == (
             f"CPU: unreadable (summary.json's \"cpu\" is not what a run writes) ({folders['pytorch']})")
+
+
+def table_cells(row: str) -> list[str]:
+    """A markdown table row's cells, split where GitHub's parser splits them: at every `|` that
+    no backslash precedes."""
+    return re.split(r"(?<!\\)\|", row)[1:-1]
+
+
+def test_summarize_runs_keeps_each_run_on_one_row_of_its_columns(tmp_path, capsys):
+    """Text of a run's (an edited summary.json, a folder's name) holding `|` or a line break
+    opened a column or ended the row; a lone surrogate ("\\ud800") stopped the table in a
+    UnicodeEncodeError traceback. The CPU lines below it stay a line each too."""
+    from scripts import summarize_runs
+
+    folders = fake_compare_runs(tmp_path / "runs")
+    hostile = folders["tensorflow"].rename(folders["tensorflow"].parent / "tf|32\nrun")
+    summary = json.loads((hostile / "summary.json").read_text())
+    machine = {"model": "AMD\nEPYC\ud800", "cores": 2, "avx512_bf16": True, "amx_bf16": False}
+    (hostile / "summary.json").write_text(json.dumps(
+        {**summary, "model": "a|b\r\nc\ud800", "final": {"d|lo\nss": 1.0}, "cpu": machine}))
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    table, machines = capsys.readouterr().out.split("\n\n")
+    rows = table.splitlines()
+    assert len(rows) == 4 and all(len(table_cells(row)) == len(summarize_runs.COLUMNS) for row in rows), rows
+    folder = str(hostile.relative_to(tmp_path / "runs")).replace("|", r"\|").replace("\n", " ")
+    path = str(hostile).replace("\n", " ")  # in the CPU line: not a cell, its `|` kept
+    assert rows[3] == (f"| {folder} | a\\|b c\\ud800 tensorflow | mnist | fp32 | cpu | 2 | 1.00 | 8 | 1 | 0 "
+                       "| d\\|lo ss 1.000 |")
+    assert machines.splitlines()[1] == (
+        f"CPU: AMD EPYC\\ud800, 2 cores, avx512_bf16 yes, amx_bf16 no ({path})")
 
 
 @pytest.mark.parametrize("name, table_only, content", [

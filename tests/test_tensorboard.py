@@ -99,6 +99,16 @@ def test_both_frameworks_write_the_same_tags_at_the_same_steps(runs):
         assert f"vanilla_gan, {framework}, fp32 on cpu" in text and "| batch_size | 16 |" in text
 
 
+def test_the_settings_table_keeps_a_path_with_a_bar_or_line_break_in_its_row():
+    """--data-dir and --out are paths, which may hold "|" or a line break: they opened a column
+    or ended the row of run/config's markdown table."""
+    config = {"model": "vanilla_gan", "framework": "pytorch", "precision": "fp32", "device": "cpu",
+              "data_dir": "/data/a|b\nc", "versions": {"torch": "2"}}
+    rows = tensorboard.config_text(config).splitlines()[4:]
+    assert rows == ["| data_dir | /data/a\\|b c |", "| device | cpu |", "| framework | pytorch |",
+                    "| model | vanilla_gan |", "| precision | fp32 |", "| versions.torch | 2 |"]
+
+
 @pytest.mark.parametrize("framework", SCRIPTS)
 def test_a_resumed_run_continues_its_curves_without_duplicate_steps(framework, tmp_path):
     out = tmp_path / "run"
