@@ -14,12 +14,13 @@ one batch's float32 gradient is from the previous batch's (the minibatch noise e
 anyway). The two frameworks' float32 gradients are compared too, as sorted values (which a
 layout's transposition keeps): within 3e-3 at the initialisation, 2e-2 at DCGAN's trained
 weights, batch norm amplifying float32's rounding; over 5e-2 the script stops, the twins'
-weights not paired as it assumes. So what the two AMP columns differ by is each framework's
-16-bit arithmetic. On the CPU (TensorFlow's ops placed there too), eagerly: TensorFlow's
-bfloat16 MatMul rounds the same in tf.function (scripts/bf16_rounding.py). One step at fixed
-weights, D not updated before G's gradient: a look at the arithmetic, not a training run; how
-far a gradient errs does not by itself say what AMP costs a whole training (README, "What
---amp does").
+weights not paired as it assumes (at --weights' checkpoint, gradients at float32's limits:
+refused in one line, as are inf/NaN weights). So what the two AMP columns differ by is each
+framework's 16-bit arithmetic. On the CPU (TensorFlow's ops placed there too), eagerly:
+TensorFlow's bfloat16 MatMul rounds the same in tf.function (scripts/bf16_rounding.py). One
+step at fixed weights, D not updated before G's gradient: a look at the arithmetic, not a
+training run; how far a gradient errs does not by itself say what AMP costs a whole training
+(README, "What --amp does").
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from common import flags, models
 from common.config import MAX_WIDTH
 from common.errors import CheckpointError, UsageError, UserError, described, exit_on_user_error
 from common.flags import OneLineErrorParser
+from common.pytorch.checkpoint import first_nonfinite
 from common.runs import RunFolder, check_regular_file
 from scripts.parity import keras_to_torch, torch_to_keras
 
@@ -112,6 +114,13 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
     except Exception as error:  # unpickling, zip and shape errors have many types; all mean "not these networks"
         raise CheckpointError(f"--weights: checkpoint {path} does not hold this model's networks "
                               f"({described(error)[:200]})") from None
+    # checked as the networks hold them, a TensorFlow checkpoint's too (a float64 1e300 is inf in
+    # float32): every gradient would be NaN, printed as "-", the mark of a gradient of 0
+    for name, network in torch_networks.items():
+        found = first_nonfinite(network.state_dict(), name)
+        if found:
+            raise CheckpointError(f"--weights: checkpoint {path} holds inf/NaN in {found} (PyTorch's name): "
+                                  "its gradients are NaN, there is nothing to measure")
 
 
 def pytorch_gradients(script, networks: dict, real: np.ndarray, z: np.ndarray, amp: bool) -> list[np.ndarray]:
@@ -190,7 +199,7 @@ def measure(model: str | None, width: int | None, batch_size: int, batches: int,
     discriminator_weights = len(list(torch_networks["discriminator"].parameters()))
     split = {"discriminator": slice(0, discriminator_weights), "generator": slice(discriminator_weights, None)}
     totals = {(network, column): 0.0 for network in split for column in ("pytorch", "tensorflow", "noise")}
-    float32_gap, previous = 0.0, None
+    float32_gap, worst, previous = 0.0, None, None
     for index in range(batches):
         real, z = images[index * batch_size:(index + 1) * batch_size], noise[index]
         torch_fp32 = pytorch_gradients(torch_script, torch_networks, real, z, amp=False)
@@ -209,9 +218,19 @@ def measure(model: str | None, width: int | None, batch_size: int, batches: int,
         if previous is not None:
             noise_errors += [relative_error(a, e) for a, e in zip(torch_fp32, previous)]
         previous = torch_fp32
-        gaps = [layout_free_gap(k, t) for k, t in zip(keras_fp32_gradients, torch_fp32)]
-        float32_gap = max([float32_gap, *(gap for gap in gaps if not np.isnan(gap))])
+        for k, t, (network, name, _) in zip(keras_fp32_gradients, torch_fp32, names):
+            gap = layout_free_gap(k, t)
+            if gap > float32_gap:  # False for NaN, a float32 gradient of 0
+                float32_gap, worst = gap, f"{network}/{name}"
         if float32_gap > FLOAT32_LIMIT:
+            if weights is not None:
+                # The pairing is the code's, the same at any weights, and checked at the
+                # initialisation: at a checkpoint's, the cause is the weights, e.g. a D whose output
+                # barely depends on its input, its gradients so small that TensorFlow flushes them
+                # to 0 (subnormal) where PyTorch does not
+                raise CheckpointError(f"--weights: at the weights of {checkpoint}, the two frameworks' float32 "
+                                      f"gradients differ by {float32_gap:.1e} (in {worst}, PyTorch's name): "
+                                      "gradients at float32's limits, no reference to measure AMP's against")
             raise RuntimeError(f"{model}: the twins' float32 gradients differ by {float32_gap:.1e}: "
                                "their weights do not pair up in the order this script assumes")
     def mean(total, count):

@@ -1013,3 +1013,86 @@ def test_amp_gradients_refuses_runs_it_cannot_measure_in_one_line(tmp_path, caps
     refused(["--weights", str(run)], "does not hold this model's networks")
     checkpoint.unlink()
     refused(["--weights", str(run)], "has no checkpoint")
+
+
+def lsgan_run_with_edited_weights(tmp_path, framework, edit):
+    """A finished LSGAN run of `framework` whose last checkpoint's networks `edit` changed,
+    edit(network name, PyTorch's name or the .npz key, array) returning the new array."""
+    import numpy as np
+    import torch
+
+    from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
+
+    run = tmp_path / "run"
+    (lsgan_pytorch if framework == "pytorch" else lsgan_tensorflow).main(
+        ["--out", str(run), "--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64",
+         "--no-tensorboard", "--sample-every", "0"])
+    checkpoint = next((run / "checkpoints").glob("step_*"))
+    if framework == "pytorch":
+        state = torch.load(checkpoint, weights_only=True)
+        for name, network in state["modules"].items():
+            for key, value in network.items():
+                network[key] = torch.from_numpy(edit(name, key, value.numpy()))
+        torch.save(state, checkpoint)
+    else:
+        with np.load(checkpoint) as stored:
+            arrays = {key: stored[key] for key in stored.files}
+        for key, value in arrays.items():
+            if key.startswith("module/"):
+                arrays[key] = edit(key.split("/")[1], key, value)
+        np.savez(checkpoint, **arrays)
+    return run, checkpoint
+
+
+def amp_gradients_refusal(run, capsys) -> str:
+    """The one line amp_gradients.py --weights `run` refuses it with, exit status 1."""
+    from scripts import amp_gradients
+
+    capsys.readouterr()  # the training's
+    with pytest.raises(SystemExit) as exit_info:
+        amp_gradients.main(["--weights", str(run), "--batch-size", "8", "--batches", "1"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_amp_gradients_refuses_inf_nan_weights_in_one_line_naming_the_weight(tmp_path, capsys):
+    """Were they measured, every gradient would be NaN, printed as "-" (a gradient of 0), exit 0."""
+    import numpy as np
+
+    def nan_in_one(network, key, value):
+        if (network, key) == ("discriminator", "out.layer.weight"):
+            value = value.copy()
+            value[0, 3] = np.nan
+        return value
+
+    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "pytorch", nan_in_one)
+    err = amp_gradients_refusal(run, capsys)
+    assert f"checkpoint {checkpoint} holds inf/NaN in discriminator/out.layer.weight" in err, err
+
+
+def test_amp_gradients_refuses_inf_weights_of_a_tensorflow_run_by_pytorchs_name(tmp_path, capsys):
+    import numpy as np
+
+    def inf_in_one(network, key, value):
+        if key == "module/discriminator/0000":  # D's first Dense kernel: PyTorch's hidden.1.weight
+            value = value.copy()
+            value[5, 2] = np.inf
+        return value
+
+    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "tensorflow", inf_in_one)
+    err = amp_gradients_refusal(run, capsys)
+    assert f"checkpoint {checkpoint} holds inf/NaN in discriminator/hidden.1.weight" in err, err
+
+
+def test_amp_gradients_refuses_weights_whose_float32_gradients_disagree_in_one_line(tmp_path, capsys):
+    """D's last weights scaled by 1e-36: its output near-constant, the gradients under it
+    subnormal, which TensorFlow flushes to 0 and PyTorch keeps. At the initialisation such a
+    gap is the script's bug (a traceback); at a checkpoint's weights, theirs."""
+
+    def scaled(network, key, value):
+        return value * 1e-36 if (network, key) == ("discriminator", "out.layer.weight") else value
+
+    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "pytorch", scaled)
+    err = amp_gradients_refusal(run, capsys)
+    assert f"at the weights of {checkpoint}, the two frameworks' float32 gradients differ by" in err, err
