@@ -179,14 +179,14 @@ def test_evaluate_refuses_a_run_that_stopped_on_nonfinite_losses(tmp_path, capsy
     with pytest.raises(SystemExit) as exit_info:
         evaluate.main([str(finished), "--samples", "10"])
     assert exit_info.value.code == 1 and "no checkpoint at the step of its summary" in capsys.readouterr().err
+    assert files(finished) == before  # evaluate.py left the run as it was
     # quality_table.py measures through evaluate_run, which checks the same: it retrained the run
     from common import evaluation
     from common.errors import UserError
 
     with pytest.raises(UserError, match="no checkpoint at the step of its summary"):
         evaluation.evaluate_run(finished, 10, None)
-    assert files(finished) == before
-    assert files(finished) == before
+    assert files(finished) == before  # and so did evaluate_run
 
 
 # --- 4. history.jsonl after a crash ----------------------------------------------------------
