@@ -164,11 +164,22 @@ def exit_on_user_error(main):
     return wrapper
 
 
+# What str.splitlines() splits at, each to its Python escape ("\\n", "\\x85", "\\u2028")
+_LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode() for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def escaped_line_breaks(text: str) -> str:
+    """`text` on one line, its line breaks written as escapes: a path or value holding one (a
+    folder named in the shell with $'a\\nb') split the error line in two, the second looking
+    like the start of another message."""
+    return text.translate(_LINE_BREAKS)
+
+
 def _say(line: str) -> None:
     """The one line, on stderr where there is one (`2>&-` leaves none)."""
     if sys.stderr is not None:
         try:
-            sys.stderr.write(line + "\n")
+            sys.stderr.write(escaped_line_breaks(line) + "\n")
             sys.stderr.flush()
         except (OSError, ValueError):  # stderr closed or its reader gone: the exit status says it
             pass

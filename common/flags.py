@@ -13,6 +13,8 @@ import struct
 import sys
 from pathlib import Path
 
+from common.errors import escaped_line_breaks
+
 MAX_SEED = 2**32 - 1  # numpy's seeds are 32-bit
 
 
@@ -21,7 +23,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     --help still prints the full help."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.stderr.write(escaped_line_breaks(f"{self.prog}: error: {message} (see --help)") + "\n")
         sys.exit(2)
 
 

@@ -70,6 +70,24 @@ def test_help_still_prints_the_whole_help(capsys):
     assert exit_info.value.code == 0 and len(capsys.readouterr().out.splitlines()) > 3
 
 
+@pytest.mark.parametrize("line_break", ["\n", "\r", "\u2028"])
+def test_a_line_break_in_a_path_or_value_stays_inside_the_one_line(line_break, tmp_path, capsys):
+    """Written out, it split the line: the second half read as a message of its own. Escaped
+    as Python writes it, the name can be told from one with a space."""
+    from GAN.vanilla_gan import gan_pytorch
+
+    escaped = line_break.encode("unicode_escape").decode()
+    missing = tmp_path / f"no{line_break}data"
+    err = one_line_exit(capsys, lambda: gan_pytorch.main(
+        ["--dataset", "cifar10", "--data-dir", str(missing), "--out", str(tmp_path / "run"), *TINY]), code=1)
+    assert f"data directory {tmp_path}/no{escaped}data does not exist" in err, err
+
+    from common.flags import OneLineErrorParser  # argparse's own line, a value the flag's type quoted as is
+
+    err = one_line_exit(capsys, lambda: OneLineErrorParser(prog="x.py").error(f"bad value 'a{line_break}b'"), code=2)
+    assert err == f"x.py: error: bad value 'a{escaped}b' (see --help)", err
+
+
 # --- 2. and 4. values numpy or the memory cannot take: refused when the flags are read ----------
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 @pytest.mark.parametrize("flag, value", [
