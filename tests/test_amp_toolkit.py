@@ -37,8 +37,8 @@ class ScriptedSession:
     def stop_loading(self):
         pass
 
-    def upload_indices(self, permutation):
-        return permutation
+    def upload_batches(self, batches):
+        return list(batches)
 
     def train_step(self, indices):
         self.step += 1

@@ -83,7 +83,7 @@ def test_samples_and_evaluation_come_from_the_average(framework):
     gan.average.start_from(gan.generator)
     session = session_module.Session(gan, data, runtime)
     for _ in range(3):
-        session.train_step(session.upload_indices(np.arange(32)))
+        session.train_step(session.upload_batches(np.arange(32)[None])[0])
 
     z = np.random.default_rng(0).standard_normal((8, hparams.Z_DIM)).astype(np.float32)
     if framework == "pytorch":

@@ -162,6 +162,34 @@ def test_resume_is_bit_exact(framework, precision, tmp_path):
     assert history == [2, 4, 6, 8, 10]
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_each_step_trains_on_its_batch_of_the_epochs_permutation(framework):
+    """The loop's batches, uploaded one epoch at a time and split there, are those BatchOrder
+    names (what a host loader prefetches, and what a resumed run relies on): 10 examples in
+    batches of 3, three steps an epoch, the tenth example left out of each."""
+    from types import SimpleNamespace
+
+    from common.loop import Batches
+    from common.runs import BatchOrder
+
+    if framework == "pytorch":
+        import torch
+
+        from common.pytorch.session import Session
+        state = SimpleNamespace(runtime=SimpleNamespace(device=torch.device("cpu")))  # what it reads
+    else:
+        from common.tensorflow.session import Session
+        state = None
+    session = SimpleNamespace(upload_batches=lambda batches: Session.upload_batches(state, batches))
+    order = BatchOrder(num_examples=10, batch_size=3, seed=1)
+    batches = Batches(order, session)
+    taken = [np.asarray(batches.indices(step)) for step in range(8)]  # into the third epoch
+    expected = list(order.batches(0, 8))
+    assert [list(batch) for batch in taken] == [list(batch) for batch in expected]
+    assert len({tuple(batch) for batch in taken[:3]}) == 3 and len(set(np.concatenate(taken[:3]))) == 9
+    assert [list(batch) for batch in taken[:3]] != [list(batch) for batch in taken[3:6]]  # a new epoch, a new order
+
+
 def test_float32_pytorch_weights_do_not_depend_on_the_thread_count(tmp_path):
     """MKL's float32 GEMM sums in an order that depends on its thread count (on an Intel Xeon the
     vanilla GAN's 64x784 @ 784x128 differs between 1 and 2 threads in its last bits), and MKL may

@@ -403,7 +403,7 @@ def test_an_iteration_counts_as_skipped_when_any_of_its_six_updates_was_skipped(
         networks = script.build_networks(data.sample_shape, cfg.width)
         wgan = script.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
         session = Session(wgan, data, runtime)
-        indices = session.upload_indices(np.arange(20))
+        indices = session.upload_batches(np.arange(20)[None])[0]
         reported, expected, cancelled = [], [], 0
         for _ in range(iterations):
             (critic_before, g_before), scales_before = updates_applied(framework, wgan), loss_scales(

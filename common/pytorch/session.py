@@ -65,8 +65,8 @@ class Session:
         if isinstance(self.data, HostLoader):
             self.data.stop()
 
-    def upload_indices(self, permutation: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(permutation.astype(np.int64)).to(self.runtime.device)
+    def upload_batches(self, batches: np.ndarray) -> tuple[torch.Tensor, ...]:
+        return torch.from_numpy(batches.astype(np.int64)).to(self.runtime.device).unbind()
 
     def train_step(self, indices: torch.Tensor) -> dict:
         if self.replicas.count == 1:

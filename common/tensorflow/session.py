@@ -94,8 +94,8 @@ class Session:
         if isinstance(self.data, HostLoader):
             self.data.stop()
 
-    def upload_indices(self, permutation: np.ndarray) -> tf.Tensor:
-        return tf.constant(permutation)
+    def upload_batches(self, batches: np.ndarray) -> list[tf.Tensor]:
+        return tf.unstack(tf.constant(batches))
 
     def train_step(self, indices) -> dict:
         with translate_failures():  # multi-worker: a worker that went away ends this one with a line
