@@ -208,6 +208,8 @@ def measure(model: str | None, width: int | None, batch_size: int, batches: int,
         keras_amp_gradients = tensorflow_gradients(keras_script, keras_amp, real, z)
         if [g.size for g in keras_fp32_gradients] != [g.size for g in torch_fp32]:
             raise RuntimeError(f"{model}: the two twins' weights do not pair up one to one")
+        if weights is not None:  # finite weights too large (x1e37): their NaN errors printed as "-"
+            check_finite_reference(checkpoint, names, torch_fp32, keras_fp32_gradients)
         errors["pytorch"] += [relative_error(a, e) for a, e in zip(torch_amp, torch_fp32)]
         errors["tensorflow"] += [relative_error(a, e) for a, e in zip(keras_amp_gradients, keras_fp32_gradients)]
         for network, part in split.items():
@@ -245,6 +247,16 @@ def measure(model: str | None, width: int | None, batch_size: int, batches: int,
             "networks": {network: {column: mean(totals[network, column], pairs if column == "noise" else batches)
                                    for column in ("pytorch", "tensorflow", "noise")} for network in split},
             "float32_gap": float32_gap}
+
+
+def check_finite_reference(checkpoint: Path, names: list, *float32_gradients: list[np.ndarray]):
+    """The float32 gradients AMP's are measured against, finite in both frameworks."""
+    for gradients in float32_gradients:
+        for gradient, (network, name, _) in zip(gradients, names):
+            if not np.all(np.isfinite(gradient)):
+                raise CheckpointError(f"--weights: at the weights of {checkpoint}, the float32 gradient of "
+                                      f"{network}/{name} (PyTorch's name) holds inf/NaN: no reference "
+                                      "to measure AMP's against")
 
 
 def table(result: dict) -> str:

@@ -1096,3 +1096,15 @@ def test_amp_gradients_refuses_weights_whose_float32_gradients_disagree_in_one_l
     run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "pytorch", scaled)
     err = amp_gradients_refusal(run, capsys)
     assert f"at the weights of {checkpoint}, the two frameworks' float32 gradients differ by" in err, err
+
+
+def test_amp_gradients_refuses_finite_weights_whose_float32_gradients_overflow(tmp_path, capsys):
+    """D's first weights x1e37, finite: its activations overflow, every gradient NaN, which the
+    table printed as "-" (its mark of a gradient of 0), exit 0."""
+
+    def huge(network, key, value):
+        return value * 1e37 if (network, key) == ("discriminator", "hidden.1.weight") else value
+
+    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "pytorch", huge)
+    err = amp_gradients_refusal(run, capsys)
+    assert f"at the weights of {checkpoint}, the float32 gradient of " in err and "holds inf/NaN" in err, err
