@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import cpu, flags, models
 from common.config import MAX_REPLICAS, MAX_WORKERS
-from common.errors import UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
+from common.errors import Interrupted, UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.runs import RunFolder, atomic_write, strict_json
 
 # Every row names TensorFloat-32 (a GPU's float32 matmuls and convolutions with a 10-bit
@@ -214,6 +214,8 @@ def main(argv=None) -> int:
                 continue
             try:
                 runs[configuration].append(measure(*configuration, args))
+            except Interrupted:  # a UserError too, but the user's: the benchmark stops, no table
+                raise
             except UserError as error:  # the others' rows are still worth having
                 failed[configuration] = str(error)
                 print(escaped_line_breaks(f"error: {error}"), file=sys.stderr, flush=True)

@@ -1108,3 +1108,28 @@ def test_amp_gradients_refuses_finite_weights_whose_float32_gradients_overflow(t
     run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "pytorch", huge)
     err = amp_gradients_refusal(run, capsys)
     assert f"at the weights of {checkpoint}, the float32 gradient of " in err and "holds inf/NaN" in err, err
+
+
+def test_ctrl_c_stops_the_benchmark_without_a_table(tmp_path, capsys, monkeypatch):
+    """A model script stopped by Ctrl-C exits 130: the benchmark stops there with one line and
+    exit 130. It counted the stop as a failed configuration, ran the next one, wrote the table
+    it said it had not, and exited 1."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    fake_run = scripts.__call__
+
+    def stopped_second(command, **kwargs):
+        result = fake_run(command, **kwargs)
+        if "--out" in command and len(scripts.commands) == 2:
+            return subprocess.CompletedProcess(command, 130, "", "error: interrupted\n")
+        return result
+
+    monkeypatch.setattr(subprocess, "run", stopped_second)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--iters", "8", "--log-every", "2",
+                        "--out", str(tmp_path / "bench")])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 130 and len(scripts.commands) == 2
+    assert err == "error: interrupted: the benchmark stopped at vanilla_gan pytorch amp-bf16; no table was written", err
+    assert not (tmp_path / "bench" / "benchmark.md").exists() and not (tmp_path / "bench" / "benchmark.json").exists()
