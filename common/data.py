@@ -38,7 +38,7 @@ from numpy.lib.npyio import NpzFile
 from PIL import Image
 
 from common import models
-from common.errors import DataError
+from common.errors import DataError, escaped_line_breaks
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
 SPLITS = ("train", "test")
@@ -543,7 +543,7 @@ def warn(message: str) -> None:
     the test split again)."""
     if message not in _WARNED:
         _WARNED.add(message)
-        print(f"warning: {message}", file=sys.stderr, flush=True)
+        print(escaped_line_breaks(f"warning: {message}"), file=sys.stderr, flush=True)
 
 
 def _read_mnist_cache(path: Path, count: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from common import flags, models
 from common.config import POINT_DATASETS, RESUME_KEYS, RunConfig, run_dir_for
-from common.errors import CheckpointError, UsageError, UserError, first_line
+from common.errors import CheckpointError, UsageError, UserError, escaped_line_breaks, first_line
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(pt|npz)$")
 KEEP_CHECKPOINTS = 2
@@ -310,8 +310,8 @@ class _FolderLock:
                             "wait for it to end, or use another --out") from None
         except OSError as error:  # NFS without local locks (EBADF: it wants a file open for writing), Lustre
             os.close(fd)
-            print(f"warning: {path} cannot be locked ({error.strerror}): a second run started in it at once "
-                  "would not be refused", file=sys.stderr, flush=True)
+            print(escaped_line_breaks(f"warning: {path} cannot be locked ({error.strerror}): a second run "
+                                      "started in it at once would not be refused"), file=sys.stderr, flush=True)
             return
         weakref.finalize(self, os.close, fd)  # released with the last RunFolder that holds it, or at exit
 
@@ -623,7 +623,7 @@ class BatchOrder:
 
     def batches(self, start_step: int, stop_step: int):
         """The example indices of every batch from start_step to stop_step, in order: what a
-        host loader prefetches (the resident path slices the same permutations itself)."""
+        host loader prefetches (the resident path splits the same permutations itself, common/loop.py's Batches)."""
         epoch, permutation = None, None
         for step in range(start_step, stop_step):
             batch_epoch, offset = self.locate(step)

@@ -815,19 +815,21 @@ def test_a_ctrl_c_while_the_cache_is_written_leaves_no_temporary_file(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("where", ["inside a file", "a name too long"])
+@pytest.mark.parametrize("where", ["inside a file", "a name too long", "a line break in its name"])
 def test_a_cache_out_of_reach_only_warns_in_one_line(where, tmp_path, monkeypatch, capsys):
     """The cache only saves time: a folder that cannot be made, or a path the file system
     refuses to look at (a name too long, a folder without permission: is_file raised), is one
-    warning line and MNIST parsed from the wheel."""
+    warning line and MNIST parsed from the wheel; one line too where the path holds a line break."""
     blocker = write_bytes(tmp_path / "a-file", b"")
-    cache = blocker / "cache" if where == "inside a file" else tmp_path / ("a" * 300)
+    cache = {"inside a file": blocker / "cache", "a name too long": tmp_path / ("a" * 300),
+             "a line break in its name": blocker / "ca\nche"}[where]
     monkeypatch.setenv("AMPGEN_CACHE", str(cache))
     monkeypatch.setattr(data, "_WARNED", set())
     images, labels = embedded_mnist("test")
     assert images.shape == (10_000, 28, 28, 1) and labels.shape == (10_000,)
     err = capsys.readouterr().err
-    assert err.startswith(f"warning: could not write the cache file {cache / 'mnist-test.npz'} (")
+    written = str(cache / "mnist-test.npz").replace("\n", "\\n")
+    assert err.startswith(f"warning: could not write the cache file {written} (")
     assert err.count("\n") == 1, err
 
 
