@@ -175,16 +175,17 @@ def test_vanilla_gan_and_lsgan_share_one_training_step(framework, monkeypatch, t
 
 
 def test_lsgan_losses_are_the_least_squares_ones():
-    """D pulls real scores to 1 and fake ones to 0, G pulls fake scores to 1. The scores are
-    not mirror images of each other (with real = [1, 0] and fake = [0, 1], D's loss with the
-    targets swapped was the same 0.5), and are dyadic, so every loss is exact in float32."""
+    """D pulls real scores to 1 and fake ones to 0, G pulls fake scores to 1. No set of scores
+    mirrors itself or the other about 0.5 (with real = [1, 0] and fake = [0, 1], D's loss with
+    the targets swapped was the same 0.5; real = [0.75, 0.25] scored real pulled to 0 the same),
+    and they are dyadic, so every loss is exact in float32."""
     import tensorflow as tf
 
-    real, fake = np.array([[0.75], [0.25]], np.float32), np.array([[0.125], [0.5]], np.float32)
-    # D: 0.5 mean((real-1)^2) + 0.5 mean(fake^2) = 0.5 * 0.3125 + 0.5 * 0.1328125
-    #    (targets swapped: 0.5 * 0.3125 + 0.5 * 0.5078125 = 0.41015625)
+    real, fake = np.array([[0.75], [0.5]], np.float32), np.array([[0.125], [0.5]], np.float32)
+    # D: 0.5 mean((real-1)^2) + 0.5 mean(fake^2) = 0.5 * 0.15625 + 0.5 * 0.1328125
+    #    (real pulled to 0: 0.26953125; fake to 1: 0.33203125; both swapped: 0.45703125)
     # G: 0.5 mean((fake-1)^2) = 0.5 * 0.5078125 (fake pulled to 0 instead: 0.06640625)
-    expected_d, expected_g = 0.22265625, 0.25390625
+    expected_d, expected_g = 0.14453125, 0.25390625
     for module, to_tensor in ((lsgan_pytorch, torch.from_numpy), (lsgan_tensorflow, tf.constant)):
         assert float(module.discriminator_loss(to_tensor(real), to_tensor(fake))) == expected_d
         assert float(module.generator_loss(to_tensor(fake))) == expected_g
