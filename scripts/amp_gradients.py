@@ -116,8 +116,8 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
                               f"({described(error)[:200]})") from None
     # checked as the networks hold them, a TensorFlow checkpoint's too (a float64 1e300 is inf in
     # float32): every gradient would be NaN, printed as "-", the mark of a gradient of 0
-    for name, network in torch_networks.items():
-        found = first_nonfinite(network.state_dict(), name)
+    for name, network in torch_networks.items():  # the weights: training mode reads no running statistics
+        found = first_nonfinite(dict(network.named_parameters()), name)
         if found:
             raise CheckpointError(f"--weights: checkpoint {path} holds inf/NaN in {found} (PyTorch's name): "
                                   "its gradients are NaN, there is nothing to measure")
