@@ -1056,33 +1056,23 @@ def amp_gradients_refusal(run, capsys) -> str:
     return err
 
 
-def test_amp_gradients_refuses_inf_nan_weights_in_one_line_naming_the_weight(tmp_path, capsys):
+@pytest.mark.parametrize("framework, key, entry, value, name", [
+    ("pytorch", "out.layer.weight", (0, 3), float("nan"), "discriminator/out.layer.weight"),
+    # a TensorFlow run's, named by PyTorch's name: D's first Dense kernel is hidden.1.weight
+    ("tensorflow", "module/discriminator/0000", (5, 2), float("inf"), "discriminator/hidden.1.weight")])
+def test_amp_gradients_refuses_inf_nan_weights_in_one_line_naming_the_weight(framework, key, entry, value, name,
+                                                                             tmp_path, capsys):
     """Were they measured, every gradient would be NaN, printed as "-" (a gradient of 0), exit 0."""
-    import numpy as np
 
-    def nan_in_one(network, key, value):
-        if (network, key) == ("discriminator", "out.layer.weight"):
-            value = value.copy()
-            value[0, 3] = np.nan
-        return value
+    def edited(network, found, array):
+        if found == key and network == "discriminator":
+            array = array.copy()
+            array[entry] = value
+        return array
 
-    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "pytorch", nan_in_one)
+    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, framework, edited)
     err = amp_gradients_refusal(run, capsys)
-    assert f"checkpoint {checkpoint} holds inf/NaN in discriminator/out.layer.weight" in err, err
-
-
-def test_amp_gradients_refuses_inf_weights_of_a_tensorflow_run_by_pytorchs_name(tmp_path, capsys):
-    import numpy as np
-
-    def inf_in_one(network, key, value):
-        if key == "module/discriminator/0000":  # D's first Dense kernel: PyTorch's hidden.1.weight
-            value = value.copy()
-            value[5, 2] = np.inf
-        return value
-
-    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "tensorflow", inf_in_one)
-    err = amp_gradients_refusal(run, capsys)
-    assert f"checkpoint {checkpoint} holds inf/NaN in discriminator/hidden.1.weight" in err, err
+    assert f"checkpoint {checkpoint} holds inf/NaN in {name}" in err, err
 
 
 def test_amp_gradients_refuses_weights_whose_float32_gradients_disagree_in_one_line(tmp_path, capsys):
