@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from common import cpu, porting, sampling
 from common.config import SCALE_WARN_WINDOW, RunConfig
 from common.distributed import OneProcess, Replicas
-from common.errors import CheckpointError, UserError
+from common.errors import CheckpointError, UserError, escaped_line_breaks
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
 from common.runs import BatchOrder, Checkpoints, RunFolder, not_a_folder, read_json
@@ -253,8 +253,8 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, monitor: Monitor, l
     monitor.resume(meta["step"], streak)
     run.truncate_history(meta["step"])
     log(f"resumed from {path} at step {meta['step']}")
-    if "warning" in meta:
-        log(meta["warning"])
+    if "warning" in meta:  # either framework's, naming the checkpoint: one line whatever the path holds
+        log(escaped_line_breaks(meta["warning"]))
     if meta["step"] >= cfg.iters:
         log(f"nothing to do: the run is at step {meta['step']} and --iters is {cfg.iters}")
     return meta["step"], meta.get("skipped_total", 0)

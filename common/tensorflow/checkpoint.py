@@ -9,7 +9,7 @@ import keras
 import numpy as np
 
 from common.data import read_npz_arrays
-from common.errors import CheckpointError, described, escaped_line_breaks
+from common.errors import CheckpointError, described
 from common.runs import atomic_write, check_meta, check_regular_file
 
 SUFFIX = "npz"
@@ -124,9 +124,8 @@ class Checkpoints:
                 optimizer.step_counter.assign(min(int(optimizer.step_counter.numpy()), limit))
         meta["nonfinite"] = self.nonfinite()  # inf/NaN, as loaded, the loop refuses to train on
         if found == OLD_NOISE_FORMAT:
-            meta["warning"] = escaped_line_breaks(
-                f"warning: {path} predates the counted noise (format 1): its noise restarts, so training on "
-                "from it does not end as an uninterrupted run would")
+            meta["warning"] = (f"warning: {path} predates the counted noise (format 1): its noise restarts, so "
+                               "training on from it does not end as an uninterrupted run would")
         return meta
 
 
