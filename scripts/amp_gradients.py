@@ -42,7 +42,7 @@ from common import flags, models
 from common.config import MAX_WIDTH
 from common.errors import CheckpointError, UsageError, UserError, described, exit_on_user_error
 from common.flags import OneLineErrorParser
-from common.pytorch.checkpoint import first_nonfinite
+from common.pytorch.checkpoint import first_nonfinite, load_tensors
 from common.runs import RunFolder, check_regular_file
 from scripts.parity import keras_to_torch, torch_to_keras
 
@@ -99,10 +99,16 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
     """The networks of a checkpoint (not its averages or optimizers) into `torch_networks`:
     loaded as they are from a PyTorch one, ported from a TensorFlow one. Read as the runs'
     own restore reads them: no pickled code (weights_only, allow_pickle=False)."""
-    check_regular_file(path, "checkpoint")
+    if framework == "pytorch":
+        try:
+            state = load_tensors(path)
+        except CheckpointError as error:
+            raise CheckpointError(f"--weights: {error}") from None
+    else:
+        check_regular_file(path, "checkpoint")
     try:
         if framework == "pytorch":
-            modules = torch.load(path, map_location="cpu", weights_only=True)["modules"]
+            modules = state["modules"]
             for name, network in torch_networks.items():
                 network.load_state_dict(modules[name])
         else:

@@ -121,3 +121,13 @@ def evaluated_in_one_process(run: Path, step: int, capfd) -> None:
     metrics = json.loads((run / "summary.json").read_text())["metrics"]
     assert 0 <= metrics["modes_covered"] <= 8
     assert f"modes_covered {metrics['modes_covered']}," in reopened.splitlines()[-1]
+
+
+class CodeInAPickle:
+    """Unpickled, it would create the file `marker`: what a hostile checkpoint would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)

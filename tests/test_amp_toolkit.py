@@ -991,8 +991,11 @@ def test_amp_gradients_measures_at_a_trained_runs_weights(framework, tmp_path):
 
 
 def test_amp_gradients_refuses_runs_it_cannot_measure_in_one_line(tmp_path, capsys):
+    import torch
+
     from GAN.least_squares_gan import lsgan_pytorch
     from scripts import amp_gradients
+    from tests.conftest import CodeInAPickle
 
     run = tmp_path / "run"
     lsgan_pytorch.main(["--out", str(run), "--iters", "2", "--batch-size", "8", "--width", "8", "--data-limit", "64",
@@ -1009,8 +1012,15 @@ def test_amp_gradients_refuses_runs_it_cannot_measure_in_one_line(tmp_path, caps
     refused(["--weights", str(run), "--model", "dcgan"], "leave --model and --width out")
     refused(["--weights", str(run), "--width", "16"], "leave --model and --width out")
     checkpoint = next((run / "checkpoints").glob("step_*.pt"))
+    saved = checkpoint.read_bytes()
     checkpoint.write_bytes(b"not a checkpoint")
-    refused(["--weights", str(run)], "does not hold this model's networks")
+    refused(["--weights", str(run)], f"--weights: checkpoint {checkpoint} is unreadable (")
+    torch.save({"modules": {"generator": CodeInAPickle(tmp_path / "ran")}}, checkpoint)
+    refused(["--weights", str(run)], "is unreadable (it holds more than tensors and plain values, or is damaged")
+    assert not (tmp_path / "ran").exists()
+    torch.save({"modules": {}}, checkpoint)
+    refused(["--weights", str(run)], "does not hold this model's networks (KeyError: 'generator')")
+    checkpoint.write_bytes(saved)
     checkpoint.unlink()
     refused(["--weights", str(run)], "has no checkpoint")
 

@@ -14,7 +14,7 @@ import pytest
 from common import cpu, sampling
 from common.runs import RunFolder
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
-from tests.conftest import checkpoint_arrays
+from tests.conftest import CodeInAPickle, checkpoint_arrays
 
 SCRIPTS = {"pytorch": gan_pytorch, "tensorflow": gan_tensorflow}
 TINY = ["--batch-size", "32", "--data-limit", "256", "--log-every", "2"]
@@ -281,6 +281,24 @@ def test_a_corrupt_checkpoint_is_one_clear_error(framework, tmp_path, capsys):
     (out / "history.jsonl").write_text("garbage\n" + (out / "history.jsonl").read_text())  # ... a damaged history
     expect_exit(1, "is not a history row", capsys, framework, out, "--iters", "4", "--resume", "--clip-grad-norm", "1")
     assert (out / "config.json").read_bytes() == settings
+
+
+def test_a_pytorch_checkpoint_holding_code_or_cut_short_says_so_and_runs_nothing(tmp_path, capsys):
+    """torch.load's own error for code in the file runs to a paragraph that advises
+    weights_only=False, which would run it; ours says what is wrong in a few words."""
+    import torch
+
+    out, marker = tmp_path / "run", tmp_path / "the checkpoint's code ran"
+    train("pytorch", out, "--iters", "2")
+    path = out / "checkpoints" / "step_000002.pt"
+    saved = path.read_bytes()
+    torch.save({"format": 1, "meta": CodeInAPickle(marker)}, path)
+    expect_exit(1, f"checkpoint {path} is unreadable (it holds more than tensors and plain values, or is "
+                "damaged; nothing in it was run); delete it to resume from the one before",
+                capsys, "pytorch", out, "--iters", "4", "--resume")
+    assert not marker.exists()
+    path.write_bytes(saved[:len(saved) // 2])
+    expect_exit(1, "is unreadable (empty or cut short)", capsys, "pytorch", out, "--iters", "4", "--resume")
 
 
 def test_a_tensorflow_checkpoint_from_before_the_counted_noise_loads_with_a_warning(tmp_path, capsys):

@@ -4,6 +4,8 @@ code (weights_only)."""
 from __future__ import annotations
 
 import math
+import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -51,12 +53,10 @@ class Checkpoints:
     def restore(self, path: Path, model: str) -> dict:
         """Load every piece of the state of a checkpoint of `model`; returns the meta (step,
         skipped_total, model)."""
-        check_regular_file(path, "checkpoint")
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # zip/pickle errors have many types; all mean "unreadable"
-            raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}); "
-                                  "delete it to resume from the one before") from None
+            state = load_tensors(path)
+        except CheckpointError as error:
+            raise CheckpointError(f"{error}; delete it to resume from the one before") from None
         try:
             if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise ValueError("not a checkpoint of this repository")
@@ -97,6 +97,28 @@ class Checkpoints:
             return meta
         except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as error:
             raise CheckpointError(f"checkpoint {path} does not fit this model ({described(error)})") from None
+
+
+def load_tensors(path: Path):
+    """What a torch.save file holds, read with weights_only=True: tensors and plain values
+    only, no code from the file run. A CheckpointError saying why it cannot be read."""
+    check_regular_file(path, "checkpoint")
+    try:
+        with warnings.catch_warnings():  # a pickle of another protocol: a warning over two lines
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # zip/pickle errors have many types; all mean "unreadable"
+        raise CheckpointError(f"checkpoint {path} is unreadable ({why_unreadable(error)})") from None
+
+
+def why_unreadable(error: Exception) -> str:
+    """torch.load's reason in a few words: its own messages run to paragraphs, and the
+    weights-only one advises weights_only=False, which would run the file's code."""
+    if isinstance(error, pickle.UnpicklingError):
+        return "it holds more than tensors and plain values, or is damaged; nothing in it was run"
+    if isinstance(error, EOFError) or "central directory" in str(error):
+        return "empty or cut short"
+    return f"not a file torch.save writes: {described(error)[:200]}"
 
 
 # How an optimizer computes its update is this code's choice, not the run's state: checkpoints
