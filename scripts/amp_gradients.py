@@ -54,7 +54,10 @@ MNIST_TRAIN_IMAGES = 60_000  # the batches' source: --batch-size x --batches mus
 
 
 def relative_error(approximate: np.ndarray, exact: np.ndarray) -> float:
-    """||approximate - exact|| / ||exact||; NaN where the exact gradient is 0."""
+    """||approximate - exact|| / ||exact||; inf where the approximation holds inf/NaN (an AMP
+    gradient that overflowed is no gradient), NaN where the exact gradient is 0."""
+    if not np.all(np.isfinite(approximate)):
+        return float("inf")
     norm = np.linalg.norm(exact)
     return float(np.linalg.norm(approximate - exact) / norm) if norm else float("nan")
 
@@ -121,7 +124,7 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
         raise CheckpointError(f"--weights: checkpoint {path} does not hold this model's networks "
                               f"({described(error)[:200]})") from None
     # checked as the networks hold them, a TensorFlow checkpoint's too (a float64 1e300 is inf in
-    # float32): every gradient would be NaN, printed as "-", the mark of a gradient of 0
+    # float32): every gradient would be NaN, float32's too, leaving nothing to measure against
     for name, network in torch_networks.items():  # the weights: training mode reads no running statistics
         found = first_nonfinite(dict(network.named_parameters()), name)
         if found:

@@ -916,6 +916,31 @@ def test_amp_gradients_refuses_bad_flags_in_one_line(capsys):
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
+def test_an_amp_gradient_gone_nan_is_an_infinite_error_not_the_mark_of_a_zero_gradient(monkeypatch):
+    """ "-" marks a float32 gradient of 0, where there is no error to measure; an AMP gradient
+    that overflowed to NaN is infinitely wrong, and its network's error with it."""
+    import numpy as np
+
+    from scripts import amp_gradients
+
+    measured = amp_gradients.pytorch_gradients
+
+    def one_nan_under_amp(*args, amp):
+        gradients = measured(*args, amp=amp)
+        if amp:
+            gradients[0] = np.full_like(gradients[0], np.nan)  # D's first weight
+        return gradients
+
+    monkeypatch.setattr(amp_gradients, "pytorch_gradients", one_nan_under_amp)
+    result = amp_gradients.measure("vanilla_gan", 8, batch_size=8, batches=1)
+    first = result["weights"][0]
+    assert first["network"] == "discriminator" and first["pytorch"] == math.inf and first["tensorflow"] < 1
+    assert result["networks"]["discriminator"]["pytorch"] == math.inf
+    assert result["networks"]["generator"]["pytorch"] < 1
+    rows = amp_gradients.table(result).splitlines()
+    assert rows[2].split(" | ")[3:5] == ["inf", f"{first['tensorflow']:.4f}"], rows[2]
+
+
 def test_amp_gradients_sets_the_amp_error_beside_the_minibatch_noise():
     """The noise column is batch 1's float32 gradient against batch 0's; a network's error is
     its weights' errors weighted by their gradients' norms, so it lies between theirs."""
