@@ -114,7 +114,8 @@ class Board:
         # empty events file behind. enabled: False on data-parallel ranks but 0.
         self.open_writer = (lambda: open_writer(run.path, start_step + 1)) if cfg.tensorboard and enabled else None
         if self.open_writer and start_step < cfg.iters:  # not a finished run reopened for --evaluate
-            config = json.loads((run.path / "config.json").read_text())
+            # a resume's settings are the command's, written to config.json only once its checkpoint has loaded
+            config = run.resumed_config or json.loads((run.path / "config.json").read_text())
             self._write(lambda writer: writer.text(CONFIG_TAG, config_text(config), start_step))
             self._write(lambda writer: writer.hparams(hparams(config), start_step))
 

@@ -130,6 +130,8 @@ def test_a_resumed_run_continues_its_curves_without_duplicate_steps(framework, t
     assert events["loss/g_loss"][1] == logged(rows, "g_loss")
     assert steps(events, "samples") == [0, 2, 4, 6, 8]
     assert steps(events, "run/config") == [0, 4]  # the settings of each start, at the step it started from
+    first, resumed = (str(text) for _, text in events["run/config"][1])
+    assert "| iters | 6 |" in first and "| iters | 8 |" in resumed  # the resume's, not the run's before it
 
     # Reopened when finished: with nothing to do it leaves no empty events file behind; with
     # --evaluate its metrics go to a file of their own, at the run's last step.
