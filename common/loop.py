@@ -327,7 +327,9 @@ class Progress:
         shown = shown and sys.stderr is not None
         self.bar = tqdm(total=cfg.iters, initial=start_step, disable=None if shown else True, dynamic_ncols=True,
                         desc=f"{cfg.model} {cfg.framework}", leave=True)
-        self.quiet_every = max(cfg.log_every, cfg.iters // 10)
+        # a multiple of the rows' interval: max(log_every, iters // 10) met a row only at their
+        # common multiples (--iters 1234 --log-every 100: one line, at the end)
+        self.quiet_every = cfg.log_every * max(1, round(cfg.iters / 10 / cfg.log_every))
 
     def show(self, row: dict, means: dict, finishing: bool):
         step, scale = row["step"], row["loss_scale"]

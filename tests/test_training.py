@@ -237,6 +237,26 @@ def test_resume_rewinds_to_the_checkpoint_when_a_run_died_after_it(framework, tm
     assert steps == [2, 4, 6, 8]  # rows past the checkpoint were replaced, not duplicated
 
 
+@pytest.mark.parametrize("iters, log_every, lines", [
+    (20000, 100, 10), (1234, 100, 13), (1500, 7, 11), (10, 100, 1), (50, 3, 9)])
+def test_without_a_terminal_progress_is_a_line_about_every_tenth_of_the_run(iters, log_every, lines):
+    """A history row every log_every steps (and the last); a plain line at about ten of them."""
+    from types import SimpleNamespace
+
+    from common.loop import Progress
+
+    printed = []
+    cfg = SimpleNamespace(iters=iters, log_every=log_every, model="gan", framework="pytorch")
+    progress = Progress(cfg, 0, printed.append, shown=False)
+    rows = [*range(log_every, iters, log_every), iters]
+    for step in rows:
+        progress.show({"step": step, "loss_scale": 1.0, "skipped_total": 0, "step_ms": 1.0}, {"d_loss": 0.5},
+                      finishing=step == iters)
+    progress.close()
+    assert len(printed) == lines, [line.split()[1] for line in printed]
+    assert printed[-1].startswith(f"step {iters:>7}/{iters}")
+
+
 def test_an_existing_run_is_not_clobbered(tmp_path, capsys):
     out = tmp_path / "run"
     train("pytorch", out, "--iters", "2")
