@@ -56,6 +56,20 @@ class _Rows(torch.utils.data.Dataset):
         return torch.from_numpy(self.array[np.asarray(indices)])
 
 
+class _BatchSampler:
+    """The order's batches from start to stop, each drawn as the loader asks for it: a list of
+    them all, made before the first step, grew with --iters (780 MB and 4.5 s at 2,000,000)."""
+
+    def __init__(self, order, start_step: int, stop_step: int, local):
+        self.order, self.start_step, self.stop_step, self.local = order, start_step, stop_step, local
+
+    def __len__(self):
+        return max(0, self.stop_step - self.start_step)
+
+    def __iter__(self):
+        return (self.local(batch) for batch in self.order.batches(self.start_step, self.stop_step))
+
+
 def _as_is(batch):
     return batch
 
@@ -83,7 +97,7 @@ class HostLoader(DeviceData):
     def start(self, order, start_step: int, stop_step: int, local=lambda indices: indices):
         """`local`: a global batch's indices -> this replica's (data-parallel runs)."""
         loader = torch.utils.data.DataLoader(
-            _Rows(self.x.numpy()), batch_sampler=[local(batch) for batch in order.batches(start_step, stop_step)],
+            _Rows(self.x.numpy()), batch_sampler=_BatchSampler(order, start_step, stop_step, local),
             collate_fn=_as_is, num_workers=self.workers, persistent_workers=True,
             pin_memory=self.device.type == "cuda", prefetch_factor=4,
             worker_init_fn=_leave_stop_signals_to_the_loop,
