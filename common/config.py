@@ -396,4 +396,14 @@ def note_unused_flags(cfg: RunConfig, precision: str, device_type: str, log=prin
 def run_dir_for(cfg: RunConfig, precision: str) -> Path:
     if cfg.out:
         return Path(cfg.out)
-    return Path("runs") / cfg.model / f"{cfg.framework}-{precision}"
+    return Path("runs") / cfg.model / run_name(cfg, precision)
+
+
+def run_name(cfg: RunConfig, precision: str) -> str:
+    """A run's default folder name, e.g. pytorch-fp32. Another dataset's run is named for it:
+    the README's MNIST and 2-D mixture commands, one after the other, met in one folder."""
+    return f"{cfg.framework}-{precision}{dataset_suffix(cfg)}"
+
+
+def dataset_suffix(cfg: RunConfig) -> str:
+    return "" if cfg.dataset == RunConfig.dataset else f"-{cfg.dataset}"

@@ -284,6 +284,13 @@ class Checkpoints(Protocol):
         fit the model (shapes, types and ranges of everything it holds)."""
 
 
+def setting_changes(saved: dict, config: dict) -> str:
+    """The settings --resume keeps that `config` (a command's) changes from `saved` (a run's),
+    as "key: old -> new, ..."; empty when there are none."""
+    return ", ".join(f"{key}: {saved.get(key)!r} -> {config.get(key)!r}" for key in (*RESUME_KEYS, "precision")
+                     if saved.get(key) != config.get(key))
+
+
 def settings_as_today(saved: dict) -> dict:
     """A run's recorded settings in today's flags, for reopening it: runs recorded what has
     changed since."""
@@ -365,6 +372,9 @@ class RunFolder:
                 raise UsageError(f"{self.path} already holds a run with no checkpoint left (stopped before its "
                                  "first, or they were deleted): pass --overwrite to start it over, deleting its "
                                  "results, or --out for a new folder")
+            if not cfg.overwrite and (changes := setting_changes(settings_as_today(self.read_config()), config)):
+                raise UsageError(f"{self.path} already holds a run of other settings ({changes}): --out for a "
+                                 "new folder, or --overwrite to start over, deleting its results")
             if not cfg.overwrite:
                 raise UsageError(f"{self.path} already holds a run: pass --resume to continue it, "
                                  "--overwrite to start over, or --out for a new folder")
@@ -463,10 +473,7 @@ class RunFolder:
         if not isinstance(saved, dict):
             raise CheckpointError(f"{saved_path} is not a run's settings (a JSON {type(saved).__name__})")
         saved = settings_as_today(saved)
-        differing = [key for key in (*RESUME_KEYS, "precision")
-                     if saved.get(key) != config.get(key)]
-        if differing:
-            changes = ", ".join(f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in differing)
+        if changes := setting_changes(saved, config):
             raise CheckpointError(f"--resume with other settings than the run in {self.path} "
                                   f"({changes}); use the run's settings or a new --out")
         # --init-from says where a run started: a resumed one goes on from its checkpoint and

@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import models, report
-from common.config import AMP_DTYPES, RESUME_KEYS, parse_args, resolve_precision
+from common.config import AMP_DTYPES, RESUME_KEYS, dataset_suffix, parse_args, resolve_precision, run_name
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import sample_count
 from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
@@ -75,7 +75,7 @@ class Plan:
         # The script's own parser: bad flags end here with its one-line error, before training.
         self.config = parse_args(model, framework, self.flags)
         self.precision = resolve_precision(self.config, device_type(device))
-        self.folder = runs / model / f"{framework}-{self.precision}"
+        self.folder = runs / model / run_name(self.config, self.precision)
         self.init_from: Path | None = None
         self.label = f"{framework} {self.precision}"
 
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     if args.fp32_vs_amp:
         plans = [Plan(args.model, args.fp32_vs_amp, amp, flags, runs, device, args.amp_dtype)
                  for amp in (False, True)]
-        name = f"compare-fp32-vs-{plans[1].precision}-{args.fp32_vs_amp}"
+        name = f"compare-fp32-vs-{plans[1].precision}-{args.fp32_vs_amp}{dataset_suffix(plans[0].config)}"
         title = f"{args.model}: float32 vs {plans[1].precision} in {args.fp32_vs_amp}"
     else:
         plans = [Plan(args.model, framework, args.amp, flags, runs, device, args.amp_dtype)
@@ -215,7 +215,8 @@ def main(argv=None) -> int:
             plans[1].init_from = plans[0].folder
             plans[1].folder = plans[1].folder.with_name(plans[1].folder.name + "-init-pytorch")
             plans[1].label += " (PyTorch's init)"
-        name = f"compare-pytorch-vs-tensorflow-{plans[0].precision}" + ("-same-init" if args.same_init else "")
+        name = (f"compare-pytorch-vs-tensorflow-{plans[0].precision}{dataset_suffix(plans[0].config)}"
+                + ("-same-init" if args.same_init else ""))
         title = f"{args.model}: PyTorch vs TensorFlow, {plans[0].precision}" + (
             ", same initial weights" if args.same_init else "")
 

@@ -218,6 +218,32 @@ def test_compare_gives_amp_dtype_to_the_amp_runs_alone(mode, tmp_path, monkeypat
         assert (fp32.config.amp_dtype, fp32.precision, fp32.folder.name) == ("auto", "fp32", "pytorch-fp32")
 
 
+def test_compare_names_another_datasets_runs_as_the_scripts_do(tmp_path, monkeypatch):
+    """Its runs of the ring beside its MNIST ones, in the folders the scripts would pick (an
+    MNIST run's folder met by a ring run was refused, or replaced under --overwrite)."""
+    from common.config import parse_args, run_dir_for
+
+    trained = []
+
+    class Planned(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Planned
+
+    monkeypatch.setattr(compare, "train", lambda plan, extra: trained.append(plan))
+    monkeypatch.setattr(compare.report, "load_side", stop)
+    for dataset in ("mnist", "ring8"):
+        with pytest.raises(Planned):
+            compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path), "--iters", "2", "--device", "cpu",
+                          "--dataset", dataset])
+    assert [plan.folder.name for plan in trained] == ["pytorch-fp32", "tensorflow-fp32", "pytorch-fp32-ring8",
+                                                      "tensorflow-fp32-ring8"]
+    for plan in trained:
+        default = run_dir_for(parse_args("vanilla_gan", plan.framework, plan.flags), plan.precision)
+        assert plan.folder == tmp_path / default.relative_to("runs")
+
+
 def test_compare_fp32_vs_float16_on_a_cpu(tmp_path):
     """Trained: the float16 run's history names the steps its scaler skipped (--init-scale 1e8
     overflows at first), and the report plots the float32 and float16 runs' losses side by side."""

@@ -260,8 +260,23 @@ def test_without_a_terminal_progress_is_a_line_about_every_tenth_of_the_run(iter
 def test_an_existing_run_is_not_clobbered(tmp_path, capsys):
     out = tmp_path / "run"
     train("pytorch", out, "--iters", "2")
-    expect_exit(2, "already holds a run", capsys, "pytorch", out, "--iters", "2")
+    expect_exit(2, "already holds a run: pass --resume to continue it", capsys, "pytorch", out, "--iters", "2")
+    # --resume would be refused for these: not advised
+    expect_exit(2, "already holds a run of other settings (lr: 0.0002 -> 0.002): --out for a new folder, or "
+                "--overwrite to start over", capsys, "pytorch", out, "--iters", "2", "--lr", "0.002")
     train("pytorch", out, "--iters", "2", "--overwrite")  # explicit: allowed
+
+
+def test_another_datasets_run_gets_a_default_folder_of_its_own(tmp_path, monkeypatch, capsys):
+    """The README's MNIST command and then its 2-D mixture one, neither with --out: the second
+    met the first's folder and was refused."""
+    monkeypatch.chdir(tmp_path)
+    gan_pytorch.main([*TINY, "--iters", "2", "--no-tensorboard"])
+    gan_pytorch.main([*TINY, "--iters", "2", "--no-tensorboard", "--dataset", "grid25"])
+    runs = tmp_path / "runs" / "vanilla_gan"
+    assert sorted(path.name for path in runs.iterdir()) == ["pytorch-fp32", "pytorch-fp32-grid25"]
+    assert json.loads((runs / "pytorch-fp32-grid25" / "config.json").read_text())["dataset"] == "grid25"
+    assert json.loads((runs / "pytorch-fp32" / "config.json").read_text())["dataset"] == "mnist"
 
 
 def test_a_run_killed_before_its_first_checkpoint_is_sent_to_overwrite_by_both_messages(tmp_path, capsys):
