@@ -37,5 +37,7 @@ test: setup
 	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
+# What make demo and make test leave behind, not a run of your own (runs/<model>/...: hours of
+# training): `rm -rf runs` deletes those.
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf $(DEMO_RUNS) .pytest_cache

@@ -477,7 +477,13 @@ def test_make_demo_trains_into_its_own_folder_and_replaces_no_run():
     (demo,) = [command for command in scripts if command[1].endswith("compare.py")]
     args, flags = compare.parse(demo[2:])
     assert args.model == "vanilla_gan" and args.reuse and "--iters" in flags
-    assert Path(args.runs) != Path("runs") and Path(args.runs).parts[0] == "runs"  # make clean removes it
+    assert Path(args.runs) != Path("runs") and Path(args.runs).parts[0] == "runs"
+    # make clean removes the demo's runs and no other: it removed all of runs/, a user's own too
+    cleaned = subprocess.run(["make", "--dry-run", "clean"], cwd=root, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    removed = [Path(word) for line in cleaned.splitlines() if line.startswith("rm ")
+               for word in shlex.split(line)[1:] if not word.startswith("-")]
+    assert Path(args.runs) in removed and not any(Path("runs").is_relative_to(path) for path in removed), removed
 
 
 def test_the_tensorboard_command_printed_is_the_one_that_runs(tmp_path, monkeypatch):
