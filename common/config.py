@@ -266,6 +266,9 @@ def parse_args(model: str, framework: str, argv=None) -> RunConfig:
     parser.set_defaults(**dataset_defaults)
     args = parser.parse_args(argv)
     cfg = RunConfig(model=entry.key, framework=framework, **vars(args))
+    if cfg.resume and "iters" not in named_settings(parser, argv):
+        # the run's own budget, not the model's default: a run of 5,000 went on to 20,000 unsaid
+        cfg.iters = recorded_iters(cfg) or cfg.iters
     validate(cfg)
     if entry.images_only and cfg.dataset in POINT_DATASETS:
         raise UsageError(f"{entry.images_only}; --dataset {cfg.dataset} is 2-D points: use mnist, "
@@ -277,6 +280,36 @@ def parse_args(model: str, framework: str, argv=None) -> RunConfig:
     if hasattr(entry.hparams, "validate"):  # a model's own checks (WGAN-GP: the batch splits in 5)
         entry.hparams.validate(cfg)
     return cfg
+
+
+def named_settings(parser: argparse.ArgumentParser, argv) -> set[str]:
+    """The settings the command line names, as opposed to those left to their defaults."""
+    unset = object()
+    probe = argparse.Namespace(**{action.dest: unset for action in parser._actions})
+    parser.parse_args(argv, namespace=probe)  # defaults fill only what the namespace lacks
+    return {name for name, value in vars(probe).items() if value is not unset}
+
+
+def recorded_iters(cfg: RunConfig) -> int | None:
+    """The --iters in the config.json of the run --resume names (--out, or the default folder
+    of a precision the flags may resolve to); None where no one run's says it, and the resume's
+    own checks then say what is wrong."""
+    if cfg.out:
+        folders = [Path(cfg.out)]
+    else:
+        bfloat16 = cfg.amp_dtype == "bfloat16" or (cfg.amp_dtype == "auto" and cfg.device != "cuda")
+        float16 = cfg.amp_dtype == "float16" or (cfg.amp_dtype == "auto" and cfg.device != "cpu")
+        precisions = ["amp-bf16"] * bfloat16 + ["amp-fp16"] * float16 if cfg.amp else ["fp32"]
+        folders = [run_dir_for(cfg, precision) for precision in precisions]
+    found = set()
+    for path in (folder / "config.json" for folder in folders):
+        try:  # a regular file only: a FIFO would block the read
+            saved = json.loads(path.read_text()) if path.is_file() else None
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(saved, dict) and type(saved.get("iters")) is int and saved["iters"] > 0:
+            found.add(saved["iters"])
+    return found.pop() if len(found) == 1 else None
 
 
 def validate(cfg: RunConfig) -> None:

@@ -82,8 +82,9 @@ class Plan:
     def command(self, extra: list[str]) -> list[str]:
         # --flag=PATH: a folder that starts with "-" (--runs ./-r) is the flag's value, not a flag
         init = [f"--init-from={self.init_from}"] if self.init_from else []
+        # --iters always: a --resume without it keeps the run's own
         return [sys.executable, str(self.model.script(self.framework)), *self.flags,
-                f"--out={self.folder}", *init, *extra]
+                f"--iters={self.config.iters}", f"--out={self.folder}", *init, *extra]
 
     def expected(self) -> dict:
         return {**json.loads(self.config.to_json()), "precision": self.precision,

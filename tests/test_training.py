@@ -291,6 +291,31 @@ def test_a_run_killed_before_its_first_checkpoint_is_sent_to_overwrite_by_both_m
                 capsys, "pytorch", out, "--iters", "2")
 
 
+def test_resume_without_iters_keeps_the_runs_own(tmp_path, monkeypatch, capsys):
+    """--resume with --iters left out went on to the model's default (20,000), unsaid, for a
+    run set to train 4 or 6 iterations; --iters named still sets it."""
+    from common.config import parse_args
+
+    out = tmp_path / "run"
+    train("pytorch", out, "--iters", "4", "--checkpoint-every", "2")
+    for path in (out / "checkpoints").glob("step_000004.*"):  # as if stopped at step 2
+        path.unlink()
+    resumed = ["--out", str(out), *TINY, "--resume"]
+    assert parse_args("vanilla_gan", "pytorch", resumed).iters == 4
+    assert parse_args("vanilla_gan", "pytorch", [*resumed, "--iters", "6"]).iters == 6
+    assert gan_pytorch.main(resumed)["step"] == 4
+    assert gan_pytorch.main([*resumed, "--iters", "6"])["step"] == 6
+    capsys.readouterr()
+    gan_pytorch.main(resumed)
+    assert "nothing to do: the run is at step 6 and --iters is 6" in capsys.readouterr().out
+
+    # the default folder, under each precision --amp may resolve to
+    monkeypatch.chdir(tmp_path)
+    gan_pytorch.main([*TINY, "--iters", "3", "--amp", "--no-tensorboard"])
+    assert parse_args("vanilla_gan", "pytorch", [*TINY, "--resume", "--amp"]).iters == 3
+    assert parse_args("vanilla_gan", "pytorch", [*TINY, "--resume"]).iters == 20000  # no float32 run to resume
+
+
 def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
     out = tmp_path / "run"
     expect_exit(1, "nothing to resume", capsys, "pytorch", out, "--iters", "2", "--resume")
