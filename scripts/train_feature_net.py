@@ -115,6 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="train once per precision, each in a fresh process, and print the markdown table")
     parser.add_argument("--table-out", type=flags.output_file,
                         help="with --precisions: also write the table to this file")
+    parser.add_argument("--table-row", action="store_true", help=argparse.SUPPRESS)  # run by --precisions
     args = parser.parse_args(argv)
     if args.amp_dtype != "auto" and not args.amp:
         raise UsageError(f"--amp-dtype {args.amp_dtype} needs --amp")
@@ -231,6 +232,17 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def table_flags(precision: str, device: str) -> list[str]:
+    """A row's precision flags; --tf32 only where a GPU computes (a CPU run noted it as
+    ignored, a flag the user never gave)."""
+    row = TABLE_PRECISIONS[precision]
+    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if on_gpu or "--tf32" not in row:
+        return row
+    at = row.index("--tf32")
+    return row[:at] + row[at + 2:]
+
+
 def run_precisions(args: argparse.Namespace) -> str:
     """Each precision in a fresh process (peak memory is per process), then the table."""
     shared = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
@@ -243,8 +255,9 @@ def run_precisions(args: argparse.Namespace) -> str:
         for precision in args.precisions:
             result_path = Path(folder) / f"{precision}.json"
             print(f"== {precision}", flush=True)
-            status = run_child([sys.executable, __file__, *shared, *TABLE_PRECISIONS[precision],
-                                f"--result-json={result_path}"], f"the table stopped at {precision}").returncode
+            status = run_child([sys.executable, __file__, *shared, *table_flags(precision, args.device),
+                                f"--result-json={result_path}", "--table-row"],
+                               f"the table stopped at {precision}").returncode
             if status != 0:
                 raise UserError(f"the {precision} run failed (exit {status}); its error is above")
             results.append(json.loads(result_path.read_text()))
@@ -271,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         args.result_json.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(args.result_json, lambda file: file.write(json.dumps(result, indent=2).encode()))
     destination = weights_destination(args)
+    if destination is None and args.table_row:  # --precisions keeps no weights
+        return
     if destination is None:
         print(f"weights not written: only the reproducible run (its default flags: float32, CPU, all the data) "
               f"replaces {DEFAULT_WEIGHTS.name}; pass --out PATH to keep these")

@@ -218,9 +218,12 @@ def test_the_accuracy_gate_still_guards_an_explicit_out(training_script, tmp_pat
     assert "below 0.99; weights not saved" in capsys.readouterr().err
 
 
-def test_precisions_print_the_side_by_side_table(training_script, tmp_path):
+def test_precisions_print_the_side_by_side_table(training_script, tmp_path, capfd):
     table_path = tmp_path / "table.md"
     training_script.main(TINY + ["--precisions", "fp32", "amp", "--table-out", str(table_path)])
+    # each row's run gave advice --precisions refuses (--out), and noted a --tf32 the user never gave
+    printed = capfd.readouterr()
+    assert "--out" not in printed.out + printed.err and "tf32" not in printed.out + printed.err, printed
     rows = [line.strip("|").split("|") for line in table_path.read_text().splitlines()
             if line.startswith("| ") and "precision" not in line]
     assert [row[0].strip() for row in rows] == ["fp32", "amp-bf16"]
@@ -237,6 +240,8 @@ def test_gpu_rows_of_the_table_say_whether_float32_used_tf32(training_script):
                                       {**measured, "precision": "fp32", "tf32": "on"}])
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:4]] == ["fp32, TF32 off", "fp32, TF32 on"]
     assert "--tf32" in training_script.TABLE_PRECISIONS["fp32-tf32"]
+    assert training_script.table_flags("fp32-tf32", "cuda") == ["--tf32", "on"]
+    assert training_script.table_flags("amp-bf16", "cpu") == ["--amp", "--amp-dtype", "bfloat16"]
 
 
 @pytest.mark.parametrize("flags", [["--amp-dtype", "float16"], ["--precisions", "fp32", "--amp"],
