@@ -83,21 +83,34 @@ def measured_float32_fid(folder: Path, wanted: dict, samples: int) -> float | No
     return metrics.get("fid") if metrics.get("samples") == samples else None
 
 
+def why_not_tabled(folder: Path, summary: dict, wanted: dict, samples: int) -> str | None:
+    """Why --table-only leaves out a run with this summary, or None to table it."""
+    measured = summary.get("metrics") and not summary.get("stopped_early")
+    if not measured:
+        return "not measured" if not summary.get("stopped_early") else f"stopped early, at step {summary['step']}"
+    # measured on this call's --samples: the floor beside it is, and FID shrinks as they grow
+    if summary["metrics"].get("samples") != samples:
+        return f"measured on {summary['metrics'].get('samples')} samples, not {samples}"
+    config = read_json(folder / "config.json", hint=AGAIN)
+    if summary["step"] != config.get("iters"):  # stopped early (an older version's evaluation forgot it)
+        return f"stopped at step {summary['step']} of {config.get('iters')}"
+    differences = settings_differences(config, wanted)
+    return f"other settings ({'; '.join(differences)})" if differences else None
+
+
 def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, args, seed: int = 0) -> dict | None:
     """Train and/or evaluate one run as needed; return its summary (with --table-only: the
     summary of a finished, measured run of today's settings, else None)."""
     summary_path = folder / "summary.json"
     if args.table_only:
-        summary = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
-        measured = summary.get("metrics") and not summary.get("stopped_early")
-        # measured on this call's --samples: the floor beside it is, and FID shrinks as they grow
-        if not measured or summary["metrics"].get("samples") != sample_count(dataset, args.samples):
+        if not summary_path.exists():
             return None
-        config = read_json(folder / "config.json", hint=AGAIN)
-        if summary["step"] != config.get("iters"):  # stopped early (an older version's evaluation forgot it)
-            return None
-        wanted = training_settings(model, dataset, framework, amp, args, seed)
-        return None if settings_differences(config, wanted) else summary
+        summary = read_json(summary_path, ("step",), AGAIN)
+        reason = why_not_tabled(folder, summary, training_settings(model, dataset, framework, amp, args, seed),
+                                sample_count(dataset, args.samples))
+        if reason:
+            args.not_tabled.append(f"{folder}: {reason}")
+        return None if reason else summary
     extra = []
     if folder.exists() and any(folder.iterdir()):
         if args.overwrite:
@@ -235,6 +248,7 @@ def main(argv=None) -> int:
     parser.add_argument("--table-only", action="store_true",
                         help="train and measure nothing: tabulate the measured runs there are")
     args = parser.parse_args(argv)
+    args.not_tabled = []  # --table-only: the runs found and left out, and why
     if args.table_only and args.overwrite:
         raise UsageError("--table-only and --overwrite contradict each other: --table-only trains nothing")
     if len(set(args.seeds)) != len(args.seeds):
@@ -261,8 +275,10 @@ def main(argv=None) -> int:
                 if len(args.seeds) > 1:
                     rows += seed_means(runs, fp32_fids)
     if args.table_only and not rows:
-        raise UserError(f"no runs of these settings measured on --samples {args.samples} under {args.runs}: "
-                        "--table-only trains and measures nothing; leave it out to do so")
+        found = f" ({args.not_tabled[0]}{f', and {len(args.not_tabled) - 1} more' if len(args.not_tabled) > 1 else ''})"
+        raise UserError(f"no runs of these settings measured on --samples {args.samples} under {args.runs}"
+                        f"{found if args.not_tabled else ''}: --table-only trains and measures nothing; "
+                        "leave it out to do so")
     floor = evaluation.real_data_floor(args.samples)
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})

@@ -298,12 +298,16 @@ def test_quality_table_lr_overrides_every_models_learning_rate(tmp_path, capsys)
 
     assert tabulated("--lr", "1e-3") == [100]
     capsys.readouterr()
+    # the run found and why it is left out: the message named --samples alone, not the cause
+    folder = tmp_path / "vanilla_gan" / "ring8" / "pytorch-fp32"
     with pytest.raises(SystemExit) as exit_info:
         tabulated()  # the model's default learning rate: no run of it here
-    assert exit_info.value.code == 1 and "no runs of these settings measured" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and (f"no runs of these settings measured on --samples 100 under {tmp_path} "
+                                          f"({folder}: other settings (lr 0.001, not 0.0001))") in err, err
     with pytest.raises(SystemExit) as exit_info:
         tabulated("--lr", "1e-3", "--samples", "200")  # measured on 100: FID moves with the count
-    assert exit_info.value.code == 1 and "measured on --samples 200" in capsys.readouterr().err
+    assert exit_info.value.code == 1 and f"({folder}: measured on 100 samples, not 200)" in capsys.readouterr().err
 
 
 def test_quality_table_keeps_each_run_on_one_row_of_its_columns():
