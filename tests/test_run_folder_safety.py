@@ -147,6 +147,11 @@ def test_the_benchmark_never_replaces_a_run_it_did_not_make(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and "a run the benchmark did not make" in err and "\n" not in err, err
     assert files(trained) == before
+    with pytest.raises(SystemExit) as exit_info:  # the run's own folder: it wrote its table and runs inside it
+        benchmark.main(["--out", str(trained), *flags])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and f"--out {trained} is a run's folder" in err and "\n" not in err, err
+    assert files(trained) == before
 
     assert benchmark.main(["--out", str(tmp_path / "bench"), *flags]) == 0
     made = tmp_path / "bench" / "vanilla_gan" / "pytorch-fp32"
