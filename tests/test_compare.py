@@ -187,10 +187,8 @@ def test_loss_panels_are_the_numbers_of_every_row_not_skipped_steps(tmp_path):
     assert (tmp_path / "report" / "losses.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("mode", [["--amp"], ["--fp32-vs-amp", "pytorch"]])
-def test_compare_gives_amp_dtype_to_the_amp_runs_alone(mode, tmp_path, monkeypatch):
-    """--amp-dtype float16 on a CPU (or bfloat16 on CUDA): the float32 run refuses it, and
-    compare once passed it to every script without the --amp it had taken itself."""
+def planned(monkeypatch, argv) -> list:
+    """The Plans compare.main(argv) would train, in order; nothing trained, no report."""
     trained = []
 
     class Planned(Exception):
@@ -202,8 +200,16 @@ def test_compare_gives_amp_dtype_to_the_amp_runs_alone(mode, tmp_path, monkeypat
     monkeypatch.setattr(compare, "train", lambda plan, extra: trained.append(plan))
     monkeypatch.setattr(compare.report, "load_side", stop)  # no report: the runs were not trained
     with pytest.raises(Planned):
-        compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path), *TINY, "--iters", "2",
-                      "--device", "cpu", *mode, "--amp-dtype", "float16"])
+        compare.main(argv)
+    return trained
+
+
+@pytest.mark.parametrize("mode", [["--amp"], ["--fp32-vs-amp", "pytorch"]])
+def test_compare_gives_amp_dtype_to_the_amp_runs_alone(mode, tmp_path, monkeypatch):
+    """--amp-dtype float16 on a CPU (or bfloat16 on CUDA): the float32 run refuses it, and
+    compare once passed it to every script without the --amp it had taken itself."""
+    trained = planned(monkeypatch, ["--model", "vanilla_gan", "--runs", str(tmp_path), *TINY, "--iters", "2",
+                                    "--device", "cpu", *mode, "--amp-dtype", "float16"])
     amp_runs = trained if mode == ["--amp"] else trained[1:]
     assert [plan.framework for plan in trained] == (["pytorch", "tensorflow"] if mode == ["--amp"] else
                                                     ["pytorch", "pytorch"])
@@ -223,20 +229,9 @@ def test_compare_names_another_datasets_runs_as_the_scripts_do(tmp_path, monkeyp
     MNIST run's folder met by a ring run was refused, or replaced under --overwrite)."""
     from common.config import parse_args, run_dir_for
 
-    trained = []
-
-    class Planned(Exception):
-        pass
-
-    def stop(*args, **kwargs):
-        raise Planned
-
-    monkeypatch.setattr(compare, "train", lambda plan, extra: trained.append(plan))
-    monkeypatch.setattr(compare.report, "load_side", stop)
-    for dataset in ("mnist", "ring8"):
-        with pytest.raises(Planned):
-            compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path), "--iters", "2", "--device", "cpu",
-                          "--dataset", dataset])
+    trained = [plan for dataset in ("mnist", "ring8") for plan in planned(
+        monkeypatch, ["--model", "vanilla_gan", "--runs", str(tmp_path), "--iters", "2", "--device", "cpu",
+                      "--dataset", dataset])]
     assert [plan.folder.name for plan in trained] == ["pytorch-fp32", "tensorflow-fp32", "pytorch-fp32-ring8",
                                                       "tensorflow-fp32-ring8"]
     for plan in trained:
