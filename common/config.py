@@ -219,7 +219,8 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                       help="resize images to N x N (image folders, or 28 -> 32 for conv nets)")
 
     output = parser.add_argument_group("run folder and logging")
-    output.add_argument("--out", type=flags.path_text, help="run folder (default runs/<model>/<framework>-<precision>)")
+    output.add_argument("--out", type=flags.path_text,
+                        help="run folder (default runs/<model>/<framework>-<precision>, then -<dataset> but for MNIST)")
     output.add_argument("--resume", action="store_true",
                         help="continue the run in the run folder from its latest checkpoint")
     output.add_argument("--overwrite", action="store_true",

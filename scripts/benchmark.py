@@ -202,7 +202,7 @@ def main(argv=None) -> int:
                       for workers in ((0, args.workers) if args.workers else (0,))
                       for replicas in ((1, args.replicas) if args.replicas else (1,))
                       if not (framework == "tensorflow" and compiled and replicas > 1)]
-    if (config := RunFolder(args.out).read_config()) is not None and config.get("benchmark") is not True:
+    if RunFolder(args.out).read_config() is not None:
         # a run's own folder: the table and the configurations' folders would go inside it
         raise UsageError(f"--out {args.out} is a run's folder; pass another (default runs/benchmark)")
     for configuration in configurations:  # before the first run, not an hour into them

@@ -53,6 +53,7 @@ class Checkpoints:
     def restore(self, path: Path, model: str) -> dict:
         """Load every piece of the state of a checkpoint of `model`; returns the meta (step,
         skipped_total, model)."""
+        check_regular_file(path, "checkpoint")  # its own advice, not "delete it" below
         try:
             state = load_tensors(path)
         except CheckpointError as error:
