@@ -1,6 +1,6 @@
 """The run folder every script writes, and the batch order both frameworks share.
 
-runs/<model>/<framework>-<precision>/
+runs/<model>/<framework>-<precision>[-<dataset>]/   (the dataset's name for any but MNIST)
     config.json          the flags, the resolved precision and device, library versions (and earlier ones)
     history.jsonl        one JSON object per logged step (a loss that went inf/NaN: null)
     fixed_noise.npy      the noise every sample grid is drawn from

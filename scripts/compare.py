@@ -8,7 +8,8 @@ default), or float32 against AMP in one framework.
     python scripts/compare.py --model vae --iters 500 --batch-size 64   # any training flag
 
 Each side is the model's own script, run in a fresh process (so one does not tax the other's
-timing), one after the other, into its normal run folder <runs>/<model>/<framework>-<precision>.
+timing), one after the other, into its normal run folder <runs>/<model>/<framework>-<precision>
+(-<dataset> after it for any dataset but MNIST).
 Both sides get the same data, seed (hence the same fixed noise and batch order) and flags,
 except --amp-dtype, which only the AMP runs get (with --fp32-vs-amp, not the float32 one): it
 names the folder too (amp-fp16 or amp-bf16), so float16 on a CPU or bfloat16 on CUDA are runs
