@@ -275,10 +275,12 @@ def main(argv=None) -> int:
                 if len(args.seeds) > 1:
                     rows += seed_means(runs, fp32_fids)
     if args.table_only and not rows:
-        found = f" ({args.not_tabled[0]}{f', and {len(args.not_tabled) - 1} more' if len(args.not_tabled) > 1 else ''})"
+        found = ""  # the first run left out, and why
+        if args.not_tabled:
+            more = len(args.not_tabled) - 1
+            found = f" ({args.not_tabled[0]}" + (f", and {more} more)" if more else ")")
         raise UserError(f"no runs of these settings measured on --samples {args.samples} under {args.runs}"
-                        f"{found if args.not_tabled else ''}: --table-only trains and measures nothing; "
-                        "leave it out to do so")
+                        f"{found}: --table-only trains and measures nothing; leave it out to do so")
     floor = evaluation.real_data_floor(args.samples)
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})
