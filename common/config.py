@@ -298,9 +298,11 @@ def recorded_iters(cfg: RunConfig) -> int | None:
     if cfg.out:
         folders = [Path(cfg.out)]
     else:
-        bfloat16 = cfg.amp_dtype == "bfloat16" or (cfg.amp_dtype == "auto" and cfg.device != "cuda")
-        float16 = cfg.amp_dtype == "float16" or (cfg.amp_dtype == "auto" and cfg.device != "cpu")
-        precisions = ["amp-bf16"] * bfloat16 + ["amp-fp16"] * float16 if cfg.amp else ["fp32"]
+        precisions = ["fp32"]
+        if cfg.amp:  # auto: bfloat16 on a CPU, float16 on CUDA; --device auto may be either
+            precisions = [precision for precision, dtype, device in (("amp-bf16", "bfloat16", "cpu"),
+                                                                      ("amp-fp16", "float16", "cuda"))
+                          if cfg.amp_dtype == dtype or (cfg.amp_dtype == "auto" and cfg.device in (device, "auto"))]
         folders = [run_dir_for(cfg, precision) for precision in precisions]
     found = set()
     for path in (folder / "config.json" for folder in folders):
