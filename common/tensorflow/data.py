@@ -40,21 +40,28 @@ class HostLoader(DeviceData):
     parallel map calls and prefetches them (AUTOTUNE), in the same BatchOrder as the resident
     path, so both train on identical batches."""
 
+    # The batches' indices go in as tensor slices, a pipeline per this many steps (2.5 MB at
+    # batch 64). One pipeline for the whole run listed every batch before step 1: 4,557 MB at
+    # --iters 3,000,000. from_generator would not: under op determinism (runtime.py) it made
+    # the parallel map run sequentially, with a C++ error line.
+    steps_per_pipeline = 10_000
+
     def __init__(self, dataset: datasets.Dataset, value_range, workers: int):
         with tf.device("/CPU:0"):
             super().__init__(dataset, value_range)
         self.workers, self.iterator = workers, None
 
     def start(self, order, start_step: int, stop_step: int):
-        if start_step >= stop_step:  # nothing left to train (a finished run resumed, or evaluated)
-            self.iterator = iter(())
-            return
-        steps = np.stack(list(order.batches(start_step, stop_step)))
-        with tf.device("/CPU:0"):
-            pipeline = (tf.data.Dataset.from_tensor_slices(steps)
-                        .map(self.batch, num_parallel_calls=self.workers, deterministic=True)
-                        .prefetch(tf.data.AUTOTUNE))
-        self.iterator = iter(pipeline)
+        self.iterator = self._batches(order, start_step, stop_step)
+
+    def _batches(self, order, start_step: int, stop_step: int):
+        for first in range(start_step, stop_step, self.steps_per_pipeline):
+            last = min(first + self.steps_per_pipeline, stop_step)
+            with tf.device("/CPU:0"):
+                pipeline = (tf.data.Dataset.from_tensor_slices(np.stack(list(order.batches(first, last))))
+                            .map(self.batch, num_parallel_calls=self.workers, deterministic=True)
+                            .prefetch(tf.data.AUTOTUNE))
+            yield from pipeline
 
     def stop(self):
         """Let the pipeline go (its map threads are this process's: nothing else to end)."""
