@@ -293,8 +293,8 @@ def named_settings(parser: argparse.ArgumentParser, argv) -> set[str]:
 
 def recorded_iters(cfg: RunConfig) -> int | None:
     """The --iters in the config.json of the run --resume names (--out, or the default folder
-    of a precision the flags may resolve to); None where no one run's says it, and the resume's
-    own checks then say what is wrong."""
+    of a precision the flags may resolve to); None where no run's says it, and the resume's own
+    checks then say what is wrong. Two such runs of different --iters are one UsageError."""
     if cfg.out:
         folders = [Path(cfg.out)]
     else:
@@ -304,15 +304,20 @@ def recorded_iters(cfg: RunConfig) -> int | None:
                                                                       ("amp-fp16", "float16", "cuda"))
                           if cfg.amp_dtype == dtype or (cfg.amp_dtype == "auto" and cfg.device in (device, "auto"))]
         folders = [run_dir_for(cfg, precision) for precision in precisions]
-    found = set()
-    for path in (folder / "config.json" for folder in folders):
+    found = {}
+    for folder in folders:
+        path = folder / "config.json"
         try:  # a regular file only: a FIFO would block the read
             saved = json.loads(path.read_text()) if path.is_file() else None
         except (OSError, ValueError, RecursionError):
             continue
         if isinstance(saved, dict) and type(saved.get("iters")) is int and saved["iters"] > 0:
-            found.add(saved["iters"])
-    return found.pop() if len(found) == 1 else None
+            found.setdefault(saved["iters"], folder)
+    if len(found) > 1:  # --amp --device auto: the run this machine resolves to is not known yet
+        runs = " and ".join(f"{folder} to {iters:,}" for iters, folder in found.items())
+        raise UsageError(f"--resume: the runs {runs} iterations could both be the one meant; "
+                         "name --iters, --device or --amp-dtype")
+    return next(iter(found), None)
 
 
 def validate(cfg: RunConfig) -> None:

@@ -295,6 +295,7 @@ def test_resume_without_iters_keeps_the_runs_own(tmp_path, monkeypatch, capsys):
     """--resume with --iters left out went on to the model's default (20,000), unsaid, for a
     run set to train 4 or 6 iterations; --iters named still sets it."""
     from common.config import parse_args
+    from common.errors import UsageError
 
     out = tmp_path / "run"
     train("pytorch", out, "--iters", "4", "--checkpoint-every", "2")
@@ -314,6 +315,17 @@ def test_resume_without_iters_keeps_the_runs_own(tmp_path, monkeypatch, capsys):
     gan_pytorch.main([*TINY, "--iters", "3", "--amp", "--no-tensorboard"])
     assert parse_args("vanilla_gan", "pytorch", [*TINY, "--resume", "--amp"]).iters == 3
     assert parse_args("vanilla_gan", "pytorch", [*TINY, "--resume"]).iters == 20000  # no float32 run to resume
+    # a float16 run beside it, of 7: which one --device auto means is not known yet
+    fp16 = Path("runs/vanilla_gan/pytorch-amp-fp16")
+    fp16.mkdir()
+    settings = json.loads(Path("runs/vanilla_gan/pytorch-amp-bf16/config.json").read_text())
+    (fp16 / "config.json").write_text(json.dumps({**settings, "iters": 7}))
+    with pytest.raises(UsageError, match=r"^--resume: the runs runs/vanilla_gan/pytorch-amp-bf16 to 3 and "
+                       r"runs/vanilla_gan/pytorch-amp-fp16 to 7 iterations could both be the one meant; "
+                       r"name --iters, --device or --amp-dtype$"):
+        parse_args("vanilla_gan", "pytorch", [*TINY, "--resume", "--amp", "--device", "auto"])
+    assert parse_args("vanilla_gan", "pytorch", [*TINY, "--resume", "--amp", "--device", "cpu"]).iters == 3
+    assert parse_args("vanilla_gan", "pytorch", [*TINY, "--resume", "--amp", "--amp-dtype", "float16"]).iters == 7
 
 
 def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
