@@ -370,7 +370,17 @@ def test_a_pytorch_checkpoint_holding_code_or_cut_short_says_so_and_runs_nothing
                 capsys, "pytorch", out, "--iters", "4", "--resume")
     assert not marker.exists()
     path.write_bytes(saved[:len(saved) // 2])
-    expect_exit(1, "is unreadable (empty or cut short)", capsys, "pytorch", out, "--iters", "4", "--resume")
+    expect_exit(1, "is unreadable (cut short or damaged)", capsys, "pytorch", out, "--iters", "4", "--resume")
+    # each cut failed in torch.load its own way; some were called "not a file torch.save writes"
+    from common.errors import CheckpointError
+    from common.pytorch.checkpoint import load_tensors
+
+    for length in (0, 3, 4, 10, 30, 5000, len(saved) - 1):
+        path.write_bytes(saved[:length])
+        with pytest.raises(CheckpointError) as error:
+            load_tensors(path)
+        why = "empty or cut short" if length < 4 else "cut short or damaged"
+        assert str(error.value) == f"checkpoint {path} is unreadable ({why})", length
 
 
 def test_a_tensorflow_checkpoint_from_before_the_counted_noise_loads_with_a_warning(tmp_path, capsys):

@@ -109,16 +109,32 @@ def load_tensors(path: Path):
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # zip/pickle errors have many types; all mean "unreadable"
-        raise CheckpointError(f"checkpoint {path} is unreadable ({why_unreadable(error)})") from None
+        raise CheckpointError(f"checkpoint {path} is unreadable ({why_unreadable(error, first_bytes(path))})") from None
 
 
-def why_unreadable(error: Exception) -> str:
-    """torch.load's reason in a few words: its own messages run to paragraphs, and the
-    weights-only one advises weights_only=False, which would run the file's code."""
+ZIP_MAGIC = b"PK\x03\x04"  # what torch.save's files begin with
+
+
+def first_bytes(path: Path, count: int = len(ZIP_MAGIC)) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read(count)
+    except OSError:
+        return b"?"
+
+
+def why_unreadable(error: Exception, head: bytes) -> str:
+    """torch.load's reason in a few words, `head` the file's first bytes: torch's own messages
+    run to paragraphs, and the weights-only one advises weights_only=False, which would run the
+    file's code. A torch.save file cut short failed in as many ways as there are cuts."""
+    if len(head) < len(ZIP_MAGIC) and ZIP_MAGIC.startswith(head):
+        return "empty or cut short"
     if isinstance(error, pickle.UnpicklingError):
         return "it holds more than tensors and plain values, or is damaged; nothing in it was run"
-    if isinstance(error, EOFError) or "central directory" in str(error):
-        return "empty or cut short"
+    if head == ZIP_MAGIC and (isinstance(error, OSError) or "zip archive" in str(error)):
+        return "cut short or damaged"
+    if isinstance(error, EOFError):  # the older, pickle-only format
+        return "cut short"
     return f"not a file torch.save writes: {described(error)[:200]}"
 
 
