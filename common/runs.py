@@ -463,6 +463,10 @@ class RunFolder:
         """The config to write, once the saved one is found to be of this run's settings."""
         saved_path = self.path / "config.json"
         if not saved_path.exists():
+            if (before := self._default_folder_before(config)) is not None:
+                raise CheckpointError(f"nothing to resume in {self.path}: no config.json; the run of "
+                                      f"{config['dataset']} in {before} is in its default folder of before "
+                                      f"(without -{config['dataset']}): --out {before}, or move it here")
             raise CheckpointError(f"nothing to resume in {self.path}: no config.json; "
                                   "start without --resume")
         check_regular_file(saved_path, "run settings")
@@ -489,6 +493,19 @@ class RunFolder:
                                   "first, or they were deleted); start it over with --overwrite instead of "
                                   "--resume (it deletes the run's results), or use --out for a new run")
         return self._keep_earlier_versions(saved, config)
+
+    def _default_folder_before(self, config: dict) -> Path | None:
+        """Where this run's default folder was before a dataset other than MNIST had its name
+        added (runs/<model>/<framework>-<precision>), if a run of this dataset is there."""
+        suffix = f"-{config['dataset']}"
+        if config.get("out") is not None or not self.path.name.endswith(suffix):
+            return None
+        before = self.path.with_name(self.path.name.removesuffix(suffix))
+        try:
+            saved = json.loads((before / "config.json").read_text()) if (before / "config.json").is_file() else None
+        except (OSError, ValueError, RecursionError):
+            return None
+        return before if isinstance(saved, dict) and saved.get("dataset") == config["dataset"] else None
 
     def _keep_earlier_versions(self, saved: dict, config: dict) -> dict:
         """The config to write on resume: a run resumed under other library versions keeps the

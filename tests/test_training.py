@@ -336,6 +336,25 @@ def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
                 "--lr", "0.002", "--iters", "4", "--resume")
 
 
+def test_resume_names_a_datasets_run_in_its_default_folder_of_before(tmp_path, monkeypatch, capsys):
+    """Since a dataset other than MNIST has its name in the default folder, a --resume of a run
+    trained before looked in runs/<model>/<framework>-<precision>-<dataset> and said only
+    "nothing to resume"."""
+    monkeypatch.chdir(tmp_path)
+    before = Path("runs/vanilla_gan/pytorch-fp32")
+    train("pytorch", before, "--dataset", "ring8", "--iters", "2", "--no-tensorboard")
+    with pytest.raises(SystemExit):
+        gan_pytorch.main([*TINY, "--dataset", "ring8", "--iters", "4", "--resume"])
+    assert capsys.readouterr().err == (
+        "error: nothing to resume in runs/vanilla_gan/pytorch-fp32-ring8: no config.json; the run of ring8 in "
+        "runs/vanilla_gan/pytorch-fp32 is in its default folder of before (without -ring8): --out "
+        "runs/vanilla_gan/pytorch-fp32, or move it here\n")
+    # an MNIST run there is not the one meant
+    train("pytorch", before, "--iters", "2", "--no-tensorboard", "--overwrite")
+    expect_exit(1, "nothing to resume in runs/vanilla_gan/pytorch-fp32-ring8: no config.json; start without "
+                "--resume", capsys, "pytorch", "runs/vanilla_gan/pytorch-fp32-ring8", "--dataset", "ring8", "--resume")
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_a_corrupt_checkpoint_is_one_clear_error(framework, tmp_path, capsys):
     out = tmp_path / "run"
