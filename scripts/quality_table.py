@@ -104,6 +104,8 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
     summary_path = folder / "summary.json"
     if args.table_only:
         if not summary_path.exists():
+            if (folder / "config.json").exists():
+                args.not_tabled.append(f"{folder}: no summary.json (a run not finished)")
             return None
         summary = read_json(summary_path, ("step",), AGAIN)
         reason = why_not_tabled(folder, summary, training_settings(model, dataset, framework, amp, args, seed),
@@ -277,8 +279,8 @@ def main(argv=None) -> int:
     if args.table_only and not rows:
         found = ""  # the first run left out, and why
         if args.not_tabled:
-            more = len(args.not_tabled) - 1
-            found = f" ({args.not_tabled[0]}" + (f", and {more} more)" if more else ")")
+            first, more = args.not_tabled[0], len(args.not_tabled) - 1
+            found = f" ({first}, and {more} more)" if more else f" ({first})"
         raise UserError(f"no runs of these settings measured on --samples {args.samples} under {args.runs}"
                         f"{found}: --table-only trains and measures nothing; leave it out to do so")
     floor = evaluation.real_data_floor(args.samples)

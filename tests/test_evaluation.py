@@ -308,6 +308,10 @@ def test_quality_table_lr_overrides_every_models_learning_rate(tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_info:
         tabulated("--lr", "1e-3", "--samples", "200")  # measured on 100: FID moves with the count
     assert exit_info.value.code == 1 and f"({folder}: measured on 100 samples, not 200)" in capsys.readouterr().err
+    (folder / "summary.json").unlink()  # as if still training: the message gave no reason
+    with pytest.raises(SystemExit) as exit_info:
+        tabulated("--lr", "1e-3")
+    assert exit_info.value.code == 1 and f"({folder}: no summary.json (a run not finished)):" in capsys.readouterr().err
 
 
 def test_quality_table_keeps_each_run_on_one_row_of_its_columns():
