@@ -314,8 +314,8 @@ def recorded_iters(cfg: RunConfig) -> int | None:
         if isinstance(saved, dict) and type(saved.get("iters")) is int and saved["iters"] > 0:
             found.setdefault(saved["iters"], folder)
     if len(found) > 1:  # --amp --device auto: the run this machine resolves to is not known yet
-        runs = " and ".join(f"{folder} to {iters:,}" for iters, folder in found.items())
-        raise UsageError(f"--resume: the runs {runs} iterations could both be the one meant; "
+        runs = " and ".join(f"{folder} (--iters {iters})" for iters, folder in found.items())
+        raise UsageError(f"--resume: two runs could be the one meant, {runs}; "
                          "name --iters, --device or --amp-dtype")
     return next(iter(found), None)
 

@@ -829,8 +829,12 @@ def test_tensorflow_host_loader_lists_the_batches_a_pipeline_at_a_time(monkeypat
     assert len(loaded) == 11 and all(np.array_equal(a, b) for a, b in zip(loaded, expected))
 
     listed = []
-    monkeypatch.setattr(order, "batches", lambda first, last: (listed.append(last - first),
-                                                               BatchOrder.batches(order, first, last))[1])
+
+    def batches(first, last):
+        listed.append(last - first)
+        return BatchOrder.batches(order, first, last)
+
+    monkeypatch.setattr(order, "batches", batches)
     loader.start(order, 0, 1_000_000)
     for _ in range(6):
         next(loader.iterator)

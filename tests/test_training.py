@@ -320,8 +320,8 @@ def test_resume_without_iters_keeps_the_runs_own(tmp_path, monkeypatch, capsys):
     fp16.mkdir()
     settings = json.loads(Path("runs/vanilla_gan/pytorch-amp-bf16/config.json").read_text())
     (fp16 / "config.json").write_text(json.dumps({**settings, "iters": 7}))
-    with pytest.raises(UsageError, match=r"^--resume: the runs runs/vanilla_gan/pytorch-amp-bf16 to 3 and "
-                       r"runs/vanilla_gan/pytorch-amp-fp16 to 7 iterations could both be the one meant; "
+    with pytest.raises(UsageError, match=r"^--resume: two runs could be the one meant, runs/vanilla_gan/"
+                       r"pytorch-amp-bf16 \(--iters 3\) and runs/vanilla_gan/pytorch-amp-fp16 \(--iters 7\); "
                        r"name --iters, --device or --amp-dtype$"):
         parse_args("vanilla_gan", "pytorch", [*TINY, "--resume", "--amp", "--device", "auto"])
     assert parse_args("vanilla_gan", "pytorch", [*TINY, "--resume", "--amp", "--device", "cpu"]).iters == 3
@@ -400,6 +400,11 @@ def test_a_pytorch_checkpoint_holding_code_or_cut_short_says_so_and_runs_nothing
             load_tensors(path)
         why = "empty or cut short" if length < 4 else "cut short or damaged"
         assert str(error.value) == f"checkpoint {path} is unreadable ({why})", length
+    for content, why in ((b"PK\x03\x04" + bytes(500), "(cut short or damaged)"),
+                         (b"step 2, all well", "(not a zip file of torch.save's: ")):
+        path.write_bytes(content)
+        with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {path} is unreadable {why}")):
+            load_tensors(path)
 
 
 def test_a_tensorflow_checkpoint_from_before_the_counted_noise_loads_with_a_warning(tmp_path, capsys):

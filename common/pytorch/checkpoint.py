@@ -115,27 +115,26 @@ def load_tensors(path: Path):
 ZIP_MAGIC = b"PK\x03\x04"  # what torch.save's files begin with
 
 
-def first_bytes(path: Path, count: int = len(ZIP_MAGIC)) -> bytes:
+def first_bytes(path: Path, count: int = len(ZIP_MAGIC)) -> bytes | None:
+    """The file's first `count` bytes; None where it cannot be read."""
     try:
         with open(path, "rb") as file:
             return file.read(count)
     except OSError:
-        return b"?"
+        return None
 
 
-def why_unreadable(error: Exception, head: bytes) -> str:
+def why_unreadable(error: Exception, head: bytes | None) -> str:
     """torch.load's reason in a few words, `head` the file's first bytes: torch's own messages
     run to paragraphs, and the weights-only one advises weights_only=False, which would run the
     file's code. A torch.save file cut short failed in as many ways as there are cuts."""
-    if len(head) < len(ZIP_MAGIC) and ZIP_MAGIC.startswith(head):
+    if head is not None and len(head) < len(ZIP_MAGIC) and ZIP_MAGIC.startswith(head):
         return "empty or cut short"
     if isinstance(error, pickle.UnpicklingError):
         return "it holds more than tensors and plain values, or is damaged; nothing in it was run"
-    if head == ZIP_MAGIC and (isinstance(error, OSError) or "zip archive" in str(error)):
+    if head == ZIP_MAGIC:
         return "cut short or damaged"
-    if isinstance(error, EOFError):  # the older, pickle-only format
-        return "cut short"
-    return f"not a file torch.save writes: {described(error)[:200]}"
+    return f"not a zip file of torch.save's: {described(error)[:200]}"
 
 
 # How an optimizer computes its update is this code's choice, not the run's state: checkpoints
