@@ -407,6 +407,26 @@ def test_a_pytorch_checkpoint_holding_code_or_cut_short_says_so_and_runs_nothing
             load_tensors(path)
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_checkpoint_with_a_flipped_bit_is_refused(framework, tmp_path, capsys):
+    """torch.load does not check the zip's CRCs: a checkpoint with one bit of a weight flipped
+    resumed with that weight wrong (np.load, TensorFlow's reader, refused it)."""
+    import zipfile
+
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "2")
+    (path,) = (out / "checkpoints").iterdir()
+    with zipfile.ZipFile(path) as archive:
+        largest = max(archive.infolist(), key=lambda entry: entry.file_size)
+    content = bytearray(path.read_bytes())
+    content[largest.header_offset + 30 + len(largest.filename) + len(largest.extra) + largest.file_size // 2] ^= 1
+    path.write_bytes(content)
+    crc = {"pytorch": f"(damaged: {largest.filename} fails its CRC check)",
+           "tensorflow": f"(BadZipFile: Bad CRC-32 for file '{largest.filename}')"}[framework]
+    expect_exit(1, f"checkpoint {path} is unreadable {crc}; delete it to resume from the one before",
+                capsys, framework, out, "--iters", "4", "--resume")
+
+
 def test_a_tensorflow_checkpoint_from_before_the_counted_noise_loads_with_a_warning(tmp_path, capsys):
     """Format 1 saved a tf.random.Generator's 3-number state; format 2 the noise's draw
     counter. Old runs still reopen (evaluate.py, compare.py, --resume), saying that their

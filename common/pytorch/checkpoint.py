@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import pickle
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -104,12 +105,26 @@ def load_tensors(path: Path):
     """What a torch.save file holds, read with weights_only=True: tensors and plain values
     only, no code from the file run. A CheckpointError saying why it cannot be read."""
     check_regular_file(path, "checkpoint")
+    if damaged := failed_crc(path):
+        raise CheckpointError(f"checkpoint {path} is unreadable (damaged: {damaged} fails its CRC check)")
     try:
         with warnings.catch_warnings():  # a pickle of another protocol: a warning over two lines
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # zip/pickle errors have many types; all mean "unreadable"
         raise CheckpointError(f"checkpoint {path} is unreadable ({why_unreadable(error, first_bytes(path))})") from None
+
+
+def failed_crc(path: Path) -> str | None:
+    """The first entry of a torch.save zip whose bytes fail their CRC-32, else None. torch.load
+    does not check them: a file with a flipped bit loaded, its weights wrong (np.load, the
+    TensorFlow checkpoints' reader, does check). A zip that cannot be opened is torch.load's
+    to report."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except Exception:  # noqa: BLE001 - a zip's errors have many types; torch.load says which
+        return None
 
 
 ZIP_MAGIC = b"PK\x03\x04"  # what torch.save's files begin with
