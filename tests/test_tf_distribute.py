@@ -353,12 +353,13 @@ def join_watchdog(pid: int) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_a_joining_worker_ends_it_in_one_line(tmp_path, signum):
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGTERM, True), (signal.SIGINT, True), (signal.SIGINT, False)],
+                         ids=["SIGTERM", "SIGINT", "SIGINT-to-the-worker-alone"])
+def test_a_signal_to_a_joining_worker_ends_it_in_one_line(tmp_path, signum, to_group):
     """Ctrl-C, or `timeout`'s or a scheduler's SIGTERM to the process group, while a worker waits
     for the cluster: the join watchdog, in the group too, used to die of it, and the worker,
     which cannot take either signal then, waited on forever (SIGTERM) or for the whole join
-    timeout (SIGINT)."""
+    timeout (SIGINT). A SIGINT to the worker's pid alone waited for the join timeout too."""
     run = tmp_path / "run"
     (process,) = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), "--iters", "2", *FAST, indices=(0,),
                                env={"AMPGEN_JOIN_TIMEOUT_S": "300"})
@@ -368,9 +369,10 @@ def test_a_signal_to_a_joining_worker_ends_it_in_one_line(tmp_path, signum):
             time.sleep(0.2)  # until the watchdog runs: the worker is joining
         assert join_watchdog(process.pid), "the worker never started to join"
         time.sleep(1.0)  # the watchdog's interpreter has started and set its handlers
-        os.killpg(process.pid, signum)
+        (os.killpg if to_group else os.kill)(process.pid, signum)
     finally:
         ((code, _, err, seconds),) = finish([process], timeout=60)
+    assert seconds < 60
     assert code == -signal.SIGKILL, err[-2000:]
     ours = [line for line in err.splitlines() if line.startswith("error:")]
     assert ours == [f"error: interrupted ({signal.Signals(signum).name}) while joining the other workers; "

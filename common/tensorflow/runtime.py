@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -52,26 +53,40 @@ JOIN_TIMEOUT_S = 600
 
 # A process beside the joining worker: unless the worker closes the pipe (joined, or gone) in
 # time, it says so in one line and kills the worker. It takes Ctrl-C and SIGTERM for the worker
-# too: they reach both through the process group (a terminal, `timeout`, a scheduler), and the
-# worker cannot act on them while it joins, so it waited on (SIGTERM: forever, once the signal
-# had killed its watchdog).
+# too, which cannot act on them while it joins (it waited on: SIGTERM forever, once the signal
+# had killed its watchdog): from the process group (a terminal, `timeout`, a scheduler) they
+# reach the watchdog itself; a Ctrl-C sent to the worker alone reaches it through the worker's
+# signal wakeup fd (written by the interpreter's C handler, no GIL needed). A SIGTERM to the
+# worker alone does not: the join installs TensorFlow's pre-emption handler in Python's place.
 _JOIN_WATCHDOG = """
-import os, select, signal, sys
-pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+import os, select, signal, sys, time
+pid, seconds, message, signals = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 def say(line):  # after the kill: a reader gone from stderr (`| tee`, ended by the same Ctrl-C) must not stop it
     try:
         print(line, file=sys.stderr, flush=True)
     except OSError:
         pass
-def interrupted(signum, frame):
+def interrupted(signum, frame=None):
     os.kill(pid, signal.SIGKILL)
     say(f"error: interrupted ({signal.Signals(signum).name}) while joining the other workers; nothing was trained")
     sys.exit(0)
 signal.signal(signal.SIGINT, interrupted)
 signal.signal(signal.SIGTERM, interrupted)
-if not select.select([sys.stdin], [], [], seconds)[0]:
-    os.kill(pid, signal.SIGKILL)
-    say(message)
+deadline, watched = time.monotonic() + seconds, [sys.stdin, signals]
+while True:
+    ready = select.select(watched, [], [], max(0.0, deadline - time.monotonic()))[0]
+    if sys.stdin in ready:  # joined, or gone
+        break
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        say(message)
+        break
+    received = os.read(signals, 64)
+    if not received:  # the worker closed its end: it has joined
+        watched.remove(signals)
+    for signum in received:
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            interrupted(signum)
 """
 
 
@@ -319,11 +334,17 @@ def _join_timeout_s() -> float:
 def _given_up_after(seconds: float, workers: int):
     message = (f"error: the {workers} workers of TF_CONFIG did not all join within {seconds:g} s (each one "
                "started, with its own index and a free port?); AMPGEN_JOIN_TIMEOUT_S waits longer")
-    watchdog = subprocess.Popen([sys.executable, "-c", _JOIN_WATCHDOG, str(os.getpid()), str(seconds), message],
-                                stdin=subprocess.PIPE)
+    signals_read, signals_written = os.pipe()
+    os.set_blocking(signals_written, False)  # as set_wakeup_fd requires
+    watchdog = subprocess.Popen([sys.executable, "-c", _JOIN_WATCHDOG, str(os.getpid()), str(seconds), message,
+                                 str(signals_read)], stdin=subprocess.PIPE, pass_fds=(signals_read,))
+    os.close(signals_read)
+    previous = signal.set_wakeup_fd(signals_written, warn_on_full_buffer=False)
     try:
         yield
     finally:
+        signal.set_wakeup_fd(previous)
+        os.close(signals_written)
         watchdog.stdin.close()
         watchdog.wait()
 
