@@ -339,11 +339,15 @@ def _given_up_after(seconds: float, workers: int):
     watchdog = subprocess.Popen([sys.executable, "-c", _JOIN_WATCHDOG, str(os.getpid()), str(seconds), message,
                                  str(signals_read)], stdin=subprocess.PIPE, pass_fds=(signals_read,))
     os.close(signals_read)
-    previous = signal.set_wakeup_fd(signals_written, warn_on_full_buffer=False)
+    try:
+        previous = signal.set_wakeup_fd(signals_written, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread, whose signals these are: the group's reach the watchdog still
+        previous = None
     try:
         yield
     finally:
-        signal.set_wakeup_fd(previous)
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
         os.close(signals_written)
         watchdog.stdin.close()
         watchdog.wait()
