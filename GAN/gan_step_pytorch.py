@@ -98,7 +98,7 @@ class GAN:
         """Samples for common/evaluation.py: NHWC images in [0, 1], or 2-D points."""
         fake = self.generate(torch.from_numpy(z).to(self.device))
         if self.data.kind == "image":
-            return (to_numpy_images(fake) + 1.0) / 2.0
+            return sampling.to_unit_range(to_numpy_images(fake), self.data.value_range)
         return fake.cpu().numpy()
 
     def write_samples(self, run, step: int):
@@ -109,7 +109,7 @@ class GAN:
             self._fixed_noise = torch.from_numpy(noise).to(self.device)
         fake = self.generate(self._fixed_noise)
         if self.data.kind == "image":
-            sampling.save_image_grid(to_numpy_images(fake), run.sample_path(step))
+            sampling.save_image_grid(to_numpy_images(fake), run.sample_path(step), self.data.value_range)
         else:
             sampling.save_scatter(fake.cpu().numpy(), run.sample_path(step),
                                   real=self.data.dataset.x[:MIXTURE_SAMPLES], title=f"{self.title} step {step}")

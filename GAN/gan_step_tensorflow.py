@@ -89,7 +89,7 @@ class GAN:
     def sample(self, z):
         """Samples for common/evaluation.py: NHWC images in [0, 1], or 2-D points."""
         fake = self.generate(z).numpy()
-        return (fake + 1.0) / 2.0 if self.data.kind == "image" else fake
+        return sampling.to_unit_range(fake, self.data.value_range) if self.data.kind == "image" else fake
 
     def write_samples(self, run, step: int):
         """A grid (or a scatter plot) from the run's fixed noise, the same in both frameworks."""
@@ -98,7 +98,7 @@ class GAN:
             self._fixed_noise = tf.constant(sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed))
         fake = self.generate(self._fixed_noise).numpy()
         if self.data.kind == "image":
-            sampling.save_image_grid(fake, run.sample_path(step))
+            sampling.save_image_grid(fake, run.sample_path(step), self.data.value_range)
         else:
             sampling.save_scatter(fake, run.sample_path(step), real=self.data.dataset.x[:MIXTURE_SAMPLES],
                                   title=f"{self.title} step {step}")

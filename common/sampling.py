@@ -79,11 +79,16 @@ def image_grid(images: np.ndarray, columns: int = 8, pad: int = 2) -> np.ndarray
     return grid
 
 
+def to_unit_range(images: np.ndarray, value_range) -> np.ndarray:
+    """Images with values in `value_range` (the model's hparams.PIXEL_RANGE) mapped to [0, 1]."""
+    low, high = value_range
+    return (np.asarray(images, dtype=np.float32) - low) / (high - low)
+
+
 def save_image_grid(images: np.ndarray, path: Path, value_range=(-1.0, 1.0),
                     columns: int = 8) -> None:
     """Save NHWC images (values in `value_range`) as one PNG grid."""
-    low, high = value_range
-    unit = np.clip((np.asarray(images, dtype=np.float32) - low) / (high - low), 0.0, 1.0)
+    unit = np.clip(to_unit_range(images, value_range), 0.0, 1.0)
     grid = image_grid(unit, columns=columns)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if grid.shape[-1] == 1:

@@ -98,6 +98,43 @@ def test_samples_and_evaluation_come_from_the_average(framework):
     assert np.abs(sampled - plain).max() > 1e-4
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_gan_samples_are_mapped_from_the_models_pixel_range(framework, tmp_path, monkeypatch):
+    """The GANs' samples (for evaluation) and grids took G's images to be in (-1, 1) whatever
+    the model's hparams.PIXEL_RANGE: a model of another range would be scored and drawn wrong."""
+    from common import sampling
+    from common.config import parse_args
+    from common.runs import RunFolder
+    from GAN.vanilla_gan import hparams
+
+    script = importlib.import_module(f"GAN.vanilla_gan.gan_{framework}")
+    gan_step = importlib.import_module(f"GAN.gan_step_{framework}")
+    runtime_module = importlib.import_module(f"common.{framework}.runtime")
+    data_module = importlib.import_module(f"common.{framework}.data")
+    cfg = parse_args("vanilla_gan", framework, ["--width", "8", "--batch-size", "16", "--data-limit", "16"])
+    runtime = runtime_module.setup(cfg, log=lambda *_: None)
+    z = np.random.default_rng(0).standard_normal((4, hparams.Z_DIM)).astype(np.float32)
+    samples = {}
+    for value_range in ((-1.0, 1.0), (0.0, 1.0)):
+        data = data_module.load_data(cfg, runtime, value_range=value_range)
+        networks = script.build_networks(data.sample_shape, cfg.width)
+        gan = gan_step.GAN(networks["generator"], networks["discriminator"], script.discriminator_loss,
+                           script.generator_loss, hparams.Z_DIM, cfg, runtime, data)
+        generated = np.asarray(gan.generate(torch.from_numpy(z) if framework == "pytorch" else z))
+        generated = generated.transpose(0, 2, 3, 1) if framework == "pytorch" else generated  # NCHW there
+        samples[value_range] = gan.sample(z), generated, gan
+    sampled, generated, _ = samples[(-1.0, 1.0)]
+    np.testing.assert_allclose(sampled, (generated + 1.0) / 2.0, rtol=1e-6)
+    sampled, generated, gan = samples[(0.0, 1.0)]
+    np.testing.assert_allclose(sampled, generated, rtol=1e-6)  # already in [0, 1]: as it is
+
+    grids = []
+    monkeypatch.setattr(sampling, "save_image_grid", lambda images, path, value_range: grids.append(value_range))
+    (tmp_path / "run").mkdir()
+    gan.write_samples(RunFolder(tmp_path / "run"), 0)
+    assert grids == [(0.0, 1.0)]
+
+
 @pytest.mark.parametrize("script,flags,words", [
     ("VAE/vanilla_vae/vae_pytorch.py", ["--ema-decay", "0.99"], "averages a GAN's generator"),
     ("VAE/vanilla_vae/vae_tensorflow.py", ["--ema-decay", "0.99"], "averages a GAN's generator"),

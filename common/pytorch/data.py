@@ -19,6 +19,7 @@ class DeviceData:
     def __init__(self, dataset: datasets.Dataset, device: torch.device, value_range):
         self.dataset = dataset
         self.kind = dataset.kind
+        self.value_range = value_range  # the model's, which samples are mapped back from
         array = dataset.x
         if self.kind == "image":
             array = np.ascontiguousarray(array.transpose(0, 3, 1, 2))  # NHWC -> NCHW

@@ -16,6 +16,7 @@ class DeviceData:
     def __init__(self, dataset: datasets.Dataset, value_range):
         self.dataset = dataset
         self.kind = dataset.kind
+        self.value_range = value_range  # the model's, which samples are mapped back from
         self.x = tf.constant(dataset.x)
         self.sample_shape = tuple(dataset.x.shape[1:])
         if self.kind == "image":
