@@ -51,7 +51,8 @@ def leaky_relu() -> nn.LeakyReLU:
 
 
 def init_weights(module: nn.Module):
-    """Convolutions ~ N(0, 0.02); batch-norm scale ~ N(1, 0.02), shift 0 (the DCGAN paper)."""
+    """Convolutions ~ N(0, 0.02) (the DCGAN paper); batch-norm scale ~ N(1, 0.02), shift 0 (the
+    PyTorch DCGAN example's weights_init)."""
     for layer in module.modules():
         if isinstance(layer, (nn.Conv2d, nn.ConvTranspose2d)):
             nn.init.normal_(layer.weight, 0.0, hparams.INIT_STD)

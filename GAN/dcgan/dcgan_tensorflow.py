@@ -38,7 +38,8 @@ from GAN.dcgan import hparams
 from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
 
 
-# Convolutions ~ N(0, 0.02); batch-norm scale ~ N(1, 0.02), shift 0 (the DCGAN paper).
+# Convolutions ~ N(0, 0.02) (the DCGAN paper); batch-norm scale ~ N(1, 0.02), shift 0 (the
+# PyTorch DCGAN example's weights_init).
 def conv() -> dict:
     """A fresh initializer per layer, made after --seed is set: one made at import time
     would draw its seed before seeding (a different init every run) and give layers of the

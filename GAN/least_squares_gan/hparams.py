@@ -2,7 +2,7 @@
 
 LSGAN trains with the vanilla GAN's networks (their sizes live in GAN/vanilla_gan/hparams.py)
 and the vanilla GAN's training settings, so on MNIST and the grid of 25 the two models differ
-only in their losses. On the ring of 8 LSGAN takes larger batches (below).
+only in their losses. On the ring of 8 LSGAN takes larger batches for fewer iterations (below).
 """
 from GAN.vanilla_gan.hparams import DATASET_DEFAULTS as VANILLA_DATASET_DEFAULTS
 from GAN.vanilla_gan.hparams import (  # noqa: F401  (re-exported on purpose)
