@@ -29,10 +29,14 @@ over N times the one-replica row's. On a CPU every PyTorch process then runs one
 every TensorFlow op one thread, in the one-replica rows too, so the figure is the cost of the
 all-reduces on this machine; on GPUs it is the scaling efficiency. XLA is not measured
 under --distribute (the scripts refuse it).
+Other flags go to every configuration, checked first as the model scripts read them (a typo
+is one line before anything runs); those that would change what a row is named for (--amp,
+--amp-dtype, --tf32, --compile, --xla, --distribute) are refused: --precisions, --compiled
+and --replicas set them.
 A configuration that fails (on CUDA, PyTorch 2.11 cannot compile DCGAN's step: README) says
 why at once and is not run again (under --repeat its earlier runs still make its row); the
 others are measured, the table lists the failures under it, and the benchmark ends with exit
-status 1.
+status 1. If every configuration fails, the last table stays as it was.
 Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
@@ -46,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, flags, models
-from common.config import MAX_REPLICAS, MAX_WORKERS
+from common.config import MAX_REPLICAS, MAX_WORKERS, parse_args
 from common.errors import Interrupted, UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.runs import RunFolder, atomic_write, strict_json
 
@@ -58,6 +62,12 @@ PRECISION_FLAGS = {"fp32": ["--tf32", "off"], "fp32-tf32": ["--tf32", "on"],
                    "amp-bf16": ["--amp", "--amp-dtype", "bfloat16", "--tf32", "off"],
                    "amp-fp16": ["--amp", "--amp-dtype", "float16", "--tf32", "off"]}
 COMPILERS = {"pytorch": ("torch.compile", "--compile"), "tensorflow": ("XLA", "--xla")}
+# What each row is named for, set per configuration: given among the other flags, they won
+# (the last value does) and a row named fp32 measured AMP.
+OWN_FLAGS = {"--amp": "--precisions", "--amp-dtype": "--precisions", "--tf32": "--precisions (fp32-tf32)",
+             "--compile": "--compiled", "--xla": "--compiled", "--distribute": "--replicas",
+             "--out": "--out (the benchmark's folder)", "--overwrite": "nothing (each run starts over)",
+             "--resume": "nothing (each run starts over)"}
 # Bounds of the counts below, far past any use: a typo (an extra zero) ends in a message, not in
 # a benchmark that runs for days. Each configuration is a fresh process, 300 steps by default.
 MAX_REPEAT = 100          # runs of every configuration; the median settles within a few
@@ -103,23 +113,42 @@ def configuration_name(model: str, framework: str, precision: str, compiled: boo
             f"{f' {workers} workers' if workers else ''}{f' x{replicas}' if replicas > 1 else ''}")
 
 
+def script_flags(model: str, framework: str, precision: str, compiled: bool, workers: int, replicas: int,
+                 args) -> list[str]:
+    """A configuration's flags to its model script, the user's other flags last."""
+    tf_replicas = replicas > 1 and framework == "tensorflow"  # PyTorch's run under torchrun (measure)
+    distribute = ["--distribute", "mirrored", "--replicas", str(replicas)] if tf_replicas else []
+    return ["--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
+            "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([COMPILERS[framework][1]] if compiled else []),
+            "--workers", str(workers), *distribute, *args.flags]
+
+
+def check_other_flags(configurations: list[tuple], args) -> None:
+    """The flags handed on, checked before the first run as each model script reads them: a
+    typo made every configuration fail in turn, and the empty table replaced the last one."""
+    for flag in args.flags:
+        name = flag.split("=")[0]  # a prefix names a flag (--amp-d for --amp-dtype), in the scripts as here
+        own = [full for full in OWN_FLAGS if len(name) > 2 and name.startswith("--") and full.startswith(name)]
+        if own:
+            typed = f" (typed {name})" if name != own[0] else ""
+            raise UsageError(f"{own[0]}{typed} is set for each configuration by the benchmark; use {OWN_FLAGS[own[0]]}")
+    for configuration in configurations:
+        parse_args(*configuration[:2], script_flags(*configuration, args))  # a flag error: its one line, exit 2
+
+
 def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, replicas: int, args) -> dict:
-    compiler, compiler_flag = COMPILERS[framework] if compiled else ("-", None)
+    compiler = COMPILERS[framework][0] if compiled else "-"
     loader = f"{workers} workers" if workers else "resident"
     folder = run_folder(model, framework, precision, compiled, workers, replicas, args)  # main() checked it
-    launcher, distribute = [sys.executable], []
+    launcher = [sys.executable]
     if replicas > 1 and framework == "pytorch":
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(replicas)]
-    elif replicas > 1:
-        distribute = ["--distribute", "mirrored", "--replicas", str(replicas)]
     environment = dict(os.environ)
     if args.replicas:  # in both rows: PyTorch one thread per process (torchrun's default), TensorFlow per op
         environment.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1")
     # absolute: a folder that starts with "-" (--out ./-b) would be read as a flag
     command = [*launcher, str(models.MODELS[model].script(framework)), "--out", os.path.abspath(folder), "--overwrite",
-               "--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
-               "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([compiler_flag] if compiled else []),
-               "--workers", str(workers), *distribute, *args.flags]
+               *script_flags(model, framework, precision, compiled, workers, replicas, args)]
     load = os.getloadavg()[0]
     name = configuration_name(model, framework, precision, compiled, workers, replicas)
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
@@ -205,6 +234,7 @@ def main(argv=None) -> int:
     if RunFolder(args.out).read_config() is not None:
         # a run's own folder: the table and the configurations' folders would go inside it
         raise UsageError(f"--out {args.out} is a run's folder; pass another (default runs/benchmark)")
+    check_other_flags(configurations, args)
     for configuration in configurations:  # before the first run, not an hour into them
         check_replaceable(run_folder(*configuration, args))
     if problem := flags.output_files_problem(args.out, ("benchmark.md", "benchmark.json")):
@@ -244,6 +274,8 @@ def main(argv=None) -> int:
                "log_every": args.log_every, "preset": args.preset, "flags": args.flags}
     failures = [{"configuration": configuration_name(*configuration), "error": error}
                 for configuration, error in failed.items()]
+    if not rows:  # the table of the last benchmark stays
+        raise UserError(f"all {len(configurations)} configurations failed (above); nothing written to {args.out}")
     table = markdown(rows, machine) + "".join(f"\n\nFailed: {failure['error']}" for failure in failures)
     print(table, flush=True)  # first: the measurements outlive a failed write of their files
     args.out.mkdir(parents=True, exist_ok=True)

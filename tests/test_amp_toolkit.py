@@ -511,6 +511,45 @@ def test_benchmark_bounds_its_counts_before_running_anything(argv, message, tmp_
     assert scripts.commands == []
 
 
+@pytest.mark.parametrize("flags, message, code", [
+    (["--batch-sise", "16"], "error: unrecognized arguments: --batch-sise 16 (see --help)", 2),
+    (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0", 2),
+    (["--amp"], "error: --amp is set for each configuration by the benchmark; use --precisions", 2),
+    (["--amp-d", "float16"], "error: --amp-dtype (typed --amp-d) is set for each configuration by the benchmark", 2),
+    (["--xla"], "error: --xla is set for each configuration by the benchmark; use --compiled", 2),
+])
+def test_benchmark_checks_the_flags_it_hands_on_before_running_anything(flags, message, code, tmp_path, capsys,
+                                                                         monkeypatch):
+    """A typo failed every configuration in turn, and the empty table replaced the last one; an
+    --amp among them made the row named fp32 measure AMP (the script takes a flag's last value)."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    (tmp_path / "benchmark.md").write_text("the last benchmark\n")
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32", "amp-bf16",
+                        "--iters", "4", "--log-every", "2", "--out", str(tmp_path), *flags])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == code and err.count("\n") == 1 and message in err, err
+    assert scripts.commands == [] and (tmp_path / "benchmark.md").read_text() == "the last benchmark\n"
+
+
+def test_benchmark_whose_configurations_all_fail_keeps_the_last_table(tmp_path, capsys, monkeypatch):
+    from scripts import benchmark
+
+    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+        command, 1, "", "error: data directory /nowhere does not exist; check the path\n"))
+    (tmp_path / "benchmark.md").write_text("the last benchmark\n")
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32", "amp-bf16",
+                        "--iters", "4", "--log-every", "2", "--out", str(tmp_path)])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (f"error: all 2 configurations failed (above); nothing "
+                                                        f"written to {tmp_path}")
+    assert (tmp_path / "benchmark.md").read_text() == "the last benchmark\n"
+    assert not (tmp_path / "benchmark.json").exists()
+
+
 def test_benchmark_gives_the_speedup_when_fp32_is_listed_last(tmp_path, monkeypatch):
     """--precisions amp-bf16 fp32: the AMP row is measured before its baseline, and once showed
     "-" for its speedup."""
