@@ -24,9 +24,10 @@ tell AMP's cost from chance.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
@@ -190,12 +191,20 @@ def seed_means(seed_rows: list[dict], fp32_fids: dict[int, float]) -> list[dict]
         values = {key: [row["metrics"][key] for row in runs] for key in numbers}
         mean = {"model": runs[0]["model"], "dataset": runs[0]["dataset"], "framework": runs[0]["framework"],
                 "precision": precision, "seed": None, "seeds": [row["seed"] for row in runs],
-                "metrics": {key: statistics.fmean(v) for key, v in values.items()},
-                "spread": {key: statistics.stdev(v) for key, v in values.items()}}
+                "metrics": {key: mean_of(v) for key, v in values.items()},
+                "spread": {key: mean_of(v, spread=True) for key, v in values.items()}}
         if precision != "fp32" and paired:
-            mean["fid_ratio"] = mean["metrics"]["fid"] / statistics.fmean(fp32_fids[seed] for seed in mean["seeds"])
+            with np.errstate(all="ignore"):
+                mean["fid_ratio"] = float(mean["metrics"]["fid"] / mean_of([fp32_fids[seed] for seed in mean["seeds"]]))
         means.append(mean)
     return means
+
+
+def mean_of(values: list[float], spread: bool = False) -> float:
+    """The mean (or the sample standard deviation) of the seeds' values; NaN or inf where one
+    is (a metric that was inf/NaN is null in summary.json): statistics.stdev raised on them."""
+    with np.errstate(all="ignore"):
+        return float(np.std(values, ddof=1) if spread else np.mean(values))
 
 
 def cell(value, digits: int, spread=None) -> str:

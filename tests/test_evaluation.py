@@ -448,6 +448,16 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
     assert amp_rows[1]["fid_ratio"] == pytest.approx(fid["amp-bf16", 3] / fid["fp32", 3])
     assert amp_rows[2]["fid_ratio"] == pytest.approx(amp_mean["fid_ratio"])
 
+    # A metric that was inf/NaN (null in summary.json) in one seed: its mean is too, in one line
+    # of the table (statistics.stdev raised a traceback on it)
+    summary = json.loads((seed3 / "summary.json").read_text())
+    summary["metrics"]["precision"] = None
+    (seed3 / "summary.json").write_text(json.dumps(summary))
+    assert quality_table.main([*argv, "--table-only"]) == 0
+    fp32_mean = json.loads((tmp_path / "quality_table.json").read_text())["rows"][5]
+    assert fp32_mean["seeds"] == [0, 3] and fp32_mean["metrics"]["precision"] is None
+    assert fp32_mean["metrics"]["fid"] == pytest.approx((fid["fp32", 0] + fid["fp32", 3]) / 2)
+
     # A seed without its float32 run: the means keep to the seeds with both, here one: no mean rows
     shutil.rmtree(seed3)
     assert quality_table.main([*argv, "--table-only"]) == 0
