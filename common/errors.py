@@ -3,6 +3,7 @@ everything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import errno
+import io
 import re
 import signal
 import subprocess
@@ -82,7 +83,6 @@ def file_system_problem(error: BaseException) -> str | None:
 def _file_being_written(error: BaseException) -> str | None:
     """A failed write() names no path (disk full while a library saves a PNG): the open file in
     the innermost frame that holds one does."""
-    import io
     import traceback
 
     for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
@@ -140,6 +140,7 @@ def exit_on_user_error(main):
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        _escape_what_stdout_cannot_encode()
         try:
             return main(*args, **kwargs)
         except UserError as error:
@@ -173,6 +174,14 @@ def escaped_line_breaks(text: str) -> str:
     folder named in the shell with $'a\\nb') split the error line in two, the second looking
     like the start of another message."""
     return text.translate(_LINE_BREAKS)
+
+
+def _escape_what_stdout_cannot_encode() -> None:
+    """A folder name's undecodable byte (a lone surrogate in Python) printed in a path ("run
+    folder: ...") raised UnicodeEncodeError under a strict stdout (en_US.UTF-8, not C.UTF-8),
+    after the run folder was made. As stderr does by default: its \\x or \\u escape."""
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def _say(line: str) -> None:

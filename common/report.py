@@ -23,7 +23,7 @@ from common import cpu  # noqa: E402
 from common.config import POINT_DATASETS  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.evaluation import figure  # noqa: E402
-from common.runs import NOT_LOSSES, RunFolder, atomic_write, markdown_row, strict_json  # noqa: E402
+from common.runs import NOT_LOSSES, RunFolder, atomic_write, markdown_row, strict_json, text_bytes  # noqa: E402
 
 SAMPLE_NAME = re.compile(r"^step_(\d{6,})\.png$")  # prior samples, not the VAE's _recon grids
 
@@ -235,7 +235,7 @@ def write_report(sides: list[Side], folder: Path, title: str, command: str) -> d
     lines += ["", "![samples](samples.png)", "", "![losses](losses.png)", ""]
     report = {"title": title, "command": command, "rows": rows, "sample_steps": steps,
               "sample_drift": {str(k): v for k, v in drift.items()}}
-    atomic_write(folder / "table.md", lambda f: f.write((table + "\n").encode()))
+    atomic_write(folder / "table.md", lambda f: f.write(text_bytes(table + "\n")))
     atomic_write(folder / "table.json", lambda f: f.write(strict_json(report, indent=2).encode()))
-    atomic_write(folder / "report.md", lambda f: f.write("\n".join(lines).encode()))
+    atomic_write(folder / "report.md", lambda f: f.write(text_bytes("\n".join(lines))))
     return report

@@ -93,6 +93,12 @@ def one_line(text) -> str:
     return " ".join(str(text).splitlines()).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def text_bytes(text: str) -> bytes:
+    """A text file's content as UTF-8, a folder name's undecodable byte (a lone surrogate) as
+    its \\u escape, where str.encode() raised UnicodeEncodeError after the work was done."""
+    return text.encode("utf-8", "backslashreplace")
+
+
 def markdown_row(cells) -> str:
     """A row of a GitHub markdown table, each cell one_line() with its `|` escaped: a run's
     field or folder name holding `|` or a line break (an edit) opened a column or ended the row."""

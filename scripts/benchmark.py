@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import cpu, flags, models
 from common.config import MAX_REPLICAS, MAX_WORKERS, parse_args
 from common.errors import Interrupted, UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
-from common.runs import RunFolder, atomic_write, strict_json
+from common.runs import RunFolder, atomic_write, strict_json, text_bytes
 
 # Every row names TensorFloat-32 (a GPU's float32 matmuls and convolutions with a 10-bit
 # mantissa): off, so that fp32 is IEEE float32 and the AMP rows differ from it by autocast
@@ -154,7 +154,7 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
     print(f"benchmark: {name} (load average {load:.2f})", flush=True)
     try:
         result = run_child(command, f"the benchmark stopped at {name}; no table was written",
-                           capture_output=True, text=True, env=environment)
+                           capture_output=True, text=True, errors="backslashreplace", env=environment)
     finally:  # a failed or interrupted run too: the next benchmark may replace it
         mark_as_benchmark(folder)
     if result.returncode != 0:
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
     table = markdown(rows, machine) + "".join(f"\n\nFailed: {failure['error']}" for failure in failures)
     print(table, flush=True)  # first: the measurements outlive a failed write of their files
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.out / "benchmark.md", lambda f: f.write((table + "\n").encode()))
+    atomic_write(args.out / "benchmark.md", lambda f: f.write(text_bytes(table + "\n")))
     atomic_write(args.out / "benchmark.json", lambda f: f.write(
         strict_json({"machine": machine, "rows": rows, "failed": failures}, indent=2).encode()))
     if failures:

@@ -35,7 +35,15 @@ from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import evaluate_run, iwae_flags, sample_count
-from common.runs import atomic_write, continue_flags, markdown_row, read_json, settings_as_today, strict_json
+from common.runs import (
+    atomic_write,
+    continue_flags,
+    markdown_row,
+    read_json,
+    settings_as_today,
+    strict_json,
+    text_bytes,
+)
 
 DATASETS = ("mnist", *POINT_DATASETS)
 AGAIN = "; --overwrite to train it again"
@@ -300,7 +308,7 @@ def main(argv=None) -> int:
     if machines:  # the runs' CPUs, apart from the table
         table += "\n\n" + "\n".join(machines)
     args.runs.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.runs / "quality_table.md", lambda f: f.write((table + "\n").encode()))
+    atomic_write(args.runs / "quality_table.md", lambda f: f.write(text_bytes(table + "\n")))
     atomic_write(args.runs / "quality_table.json",
                  lambda f: f.write(strict_json({"argv": argv if argv is not None else sys.argv[1:],
                                                 "rows": rows}, indent=2).encode()))

@@ -47,7 +47,7 @@ from common.config import RunConfig, learning_rate
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
 from common.pytorch import runtime as torch_runtime
-from common.runs import atomic_write
+from common.runs import atomic_write, text_bytes
 from scripts.benchmark import PRECISION_FLAGS
 
 MIN_TEST_ACCURACY = 0.99
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         print(table)
         if args.table_out:
             args.table_out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(args.table_out, lambda file: file.write((table + "\n").encode()))
+            atomic_write(args.table_out, lambda file: file.write(text_bytes(table + "\n")))
             print(f"wrote {args.table_out}")
         return
     torch.set_num_threads(1)  # reproducible, and leaves the other cores to whatever else runs

@@ -337,6 +337,31 @@ def test_compare_reuses_sound_fake_runs(tmp_path):
     assert compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]) == 0
 
 
+def test_compare_writes_its_report_for_runs_under_a_folder_name_with_an_undecodable_byte(tmp_path):
+    """The report names the runs' folders: report.md's str.encode() raised UnicodeEncodeError
+    on the lone surrogate Python reads the byte as, after both runs were done."""
+    from scripts import compare
+
+    runs = tmp_path / os.fsdecode(b"runs\xff")
+    fake_compare_runs(runs)
+    report = tmp_path / "report"
+    assert compare.main(["--model", "vanilla_gan", "--runs", str(runs), *TINY, "--reuse", "--report", str(report)]) == 0
+    assert "runs\\udcff" in (report / "report.md").read_text()
+
+
+def test_a_run_folder_named_with_an_undecodable_byte_prints_under_a_strict_stdout(tmp_path):
+    """Under en_US.UTF-8 (stdout's errors "strict", not C.UTF-8's "surrogateescape") the run
+    folder's line raised UnicodeEncodeError, after the folder was made."""
+    from tests.conftest import run_script
+
+    out = tmp_path / os.fsdecode(b"run\xff")
+    result = run_script("GAN/vanilla_gan/gan_pytorch.py", "--out", str(out), "--iters", "2", "--batch-size", "16",
+                        "--data-limit", "64", "--sample-every", "0", "--no-tensorboard",
+                        env={**os.environ, "PYTHONIOENCODING": "utf-8"}, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"run folder: {tmp_path}/run\\udcff\n" in result.stdout
+
+
 def test_compare_plots_a_float16_history_that_names_its_skipped_steps(tmp_path, capsys):
     """skipped_at (steps, in lists of unequal lengths) and nonfinite_steps, as a float16 run logs
     them: once a loss panel each, and numpy's "inhomogeneous shape" traceback."""
