@@ -186,7 +186,9 @@ def output_problem(path: Path, folder: bool) -> str | None:
         return f"{path} is {'a link' if os.path.islink(path) else 'not a regular file'}: name a plain file to write"
     # The nearest folder that exists is where the first file or folder will be created.
     start = path if folder else path.parent
-    nearest = next(p for p in (start, *start.parents) if os.path.exists(p))
+    nearest = next(p for p in (start, *start.parents) if os.path.exists(p) or os.path.islink(p))
+    if not os.path.exists(nearest):  # a link to nothing: creating the folder failed after the work
+        return f"{nearest} is a link to {os.readlink(nearest)}, which does not exist"
     if not os.path.isdir(nearest):
         return f"{nearest} is a file, so {path} cannot be created under it"
     if not os.access(nearest, os.W_OK):

@@ -415,6 +415,21 @@ def test_compare_refuses_a_file_for_a_folder(flag, tmp_path, capsys):
     assert "afile is a file, not a folder" in one_line_exit(capsys, lambda: compare.main(argv), code=2)
 
 
+@pytest.mark.parametrize("below", ["", "/report"])
+def test_compare_refuses_a_link_to_nothing_for_its_report_folder(below, tmp_path, capsys):
+    """Read as no folder there yet, it passed the check and failed ("File exists") after both
+    runs; benchmark.py's --out failed every configuration."""
+    from scripts import benchmark, compare
+
+    fake_compare_runs(tmp_path / "runs")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse",
+            "--report", f"{tmp_path}/dangling{below}"]
+    message = f"{tmp_path}/dangling is a link to {tmp_path}/nowhere, which does not exist"
+    assert message in one_line_exit(capsys, lambda: compare.main(argv), code=2)
+    assert message in one_line_exit(capsys, lambda: benchmark.main(["--out", f"{tmp_path}/dangling{below}"]), code=2)
+
+
 @pytest.mark.parametrize("name, content", [
     ("summary.json", '{"step": 2, "med'), ("summary.json", "{}"), ("config.json", None),
     ("summary.json", '{"model": "vanilla_gan", "framework": "tensorflow", "step": 2, "final": [1]}'),
