@@ -93,6 +93,19 @@ def one_line(text) -> str:
     return " ".join(str(text).splitlines()).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def run_folder_around(path: Path) -> Path | None:
+    """The run folder that `path` is, or lies inside, if any: where a tool's report, table or
+    runs would mix with a run's files (a --result-json named summary.json replaced its own)."""
+    path = Path(os.path.abspath(path))
+    return next((folder for folder in (path, *path.parents) if RunFolder(folder).read_config() is not None), None)
+
+
+def refuse_inside_a_run(path: Path, flag: str) -> None:
+    if (run := run_folder_around(path)) is not None:
+        where = "a run's folder" if run == Path(os.path.abspath(path)) else f"inside the run folder {run}"
+        raise UsageError(f"{flag} {path} is {where}; name a path outside it")
+
+
 def text_bytes(text: str) -> bytes:
     """A text file's content as UTF-8, a folder name's undecodable byte (a lone surrogate) as
     its \\u escape, where str.encode() raised UnicodeEncodeError after the work was done."""

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import cpu, flags, models
 from common.config import MAX_REPLICAS, MAX_WORKERS, parse_args
 from common.errors import Interrupted, UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
-from common.runs import RunFolder, atomic_write, strict_json, text_bytes
+from common.runs import RunFolder, atomic_write, refuse_inside_a_run, strict_json, text_bytes
 
 # Every row names TensorFloat-32 (a GPU's float32 matmuls and convolutions with a 10-bit
 # mantissa): off, so that fp32 is IEEE float32 and the AMP rows differ from it by autocast
@@ -231,9 +231,7 @@ def main(argv=None) -> int:
                       for workers in ((0, args.workers) if args.workers else (0,))
                       for replicas in ((1, args.replicas) if args.replicas else (1,))
                       if not (framework == "tensorflow" and compiled and replicas > 1)]
-    if RunFolder(args.out).read_config() is not None:
-        # a run's own folder: the table and the configurations' folders would go inside it
-        raise UsageError(f"--out {args.out} is a run's folder; pass another (default runs/benchmark)")
+    refuse_inside_a_run(args.out, "--out")  # the table and the configurations' runs would go inside it
     check_other_flags(configurations, args)
     for configuration in configurations:  # before the first run, not an hour into them
         check_replaceable(run_folder(*configuration, args))

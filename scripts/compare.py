@@ -43,7 +43,7 @@ from common.config import AMP_DTYPES, RESUME_KEYS, dataset_suffix, parse_args, r
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import sample_count
 from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
-from common.runs import continue_flags, read_json, settings_as_today
+from common.runs import continue_flags, read_json, refuse_inside_a_run, settings_as_today
 
 # compare sets these itself; each with what to use instead
 OWN_FLAGS = {"--out": "use --runs, --reuse or --overwrite", "--resume": "use --runs, --reuse or --overwrite",
@@ -223,6 +223,8 @@ def main(argv=None) -> int:
             ", same initial weights" if args.same_init else "")
 
     folder = Path(args.report) if args.report else runs / args.model / name
+    refuse_inside_a_run(runs, "--runs")
+    refuse_inside_a_run(folder, "--report")
     if problem := output_files_problem(folder, report.REPORT_FILES):
         raise UsageError(f"the report: {problem}")  # now, not after training both runs
     decisions = [decide(plan, args.reuse, args.overwrite) for plan in plans]  # all checks first

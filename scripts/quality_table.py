@@ -40,6 +40,7 @@ from common.runs import (
     continue_flags,
     markdown_row,
     read_json,
+    refuse_inside_a_run,
     settings_as_today,
     strict_json,
     text_bytes,
@@ -272,6 +273,7 @@ def main(argv=None) -> int:
         raise UsageError("--table-only and --overwrite contradict each other: --table-only trains nothing")
     if len(set(args.seeds)) != len(args.seeds):
         raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds")
+    refuse_inside_a_run(args.runs, "--runs")
     if problem := flags.output_files_problem(args.runs, ("quality_table.md", "quality_table.json")):
         raise UsageError(f"--runs: {problem}")  # now, not after the runs
 

@@ -47,7 +47,7 @@ from common.config import RunConfig, learning_rate
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
 from common.pytorch import runtime as torch_runtime
-from common.runs import atomic_write, text_bytes
+from common.runs import atomic_write, refuse_inside_a_run, text_bytes
 from scripts.benchmark import PRECISION_FLAGS
 
 MIN_TEST_ACCURACY = 0.99
@@ -127,6 +127,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"drop {', '.join(clashing)}")
     elif args.table_out:
         raise UsageError("--table-out needs --precisions")
+    for flag, path in (("--out", args.out), ("--result-json", args.result_json), ("--table-out", args.table_out)):
+        if path:
+            refuse_inside_a_run(path, flag)
     weights = [path.resolve() for path in (args.out, DEFAULT_WEIGHTS) if path]
     for flag, path in (("--result-json", args.result_json), ("--table-out", args.table_out)):
         # Written whatever the accuracy gate decides, so it would replace the weights it names

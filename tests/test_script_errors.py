@@ -415,6 +415,26 @@ def test_compare_refuses_a_file_for_a_folder(flag, tmp_path, capsys):
     assert "afile is a file, not a folder" in one_line_exit(capsys, lambda: compare.main(argv), code=2)
 
 
+@pytest.mark.parametrize("script, flag, below", [
+    ("train_feature_net", "--result-json", "/summary.json"),  # replaced the run's own summary
+    ("train_feature_net", "--table-out", "/samples/table.md"), ("compare", "--report", ""),
+    ("compare", "--report", "/samples"), ("quality_table", "--runs", ""), ("benchmark", "--out", "/bench"),
+])
+def test_the_tools_write_nothing_inside_a_run_folder(script, flag, below, tmp_path, capsys):
+    """A report, a table or a tool's runs went into a run's folder, among its files."""
+    module = importlib.import_module(f"scripts.{script}")
+    run = fake_compare_runs(tmp_path / "runs")["pytorch"]
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    argv = {"train_feature_net": ["--precisions", "fp32"] if flag == "--table-out" else [],
+            "compare": ["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"],
+            "quality_table": ["--models", "vanilla_gan", "--datasets", "ring8", "--table-only"],
+            "benchmark": []}[script]
+    where = "a run's folder" if not below else f"inside the run folder {run}"
+    assert f"{flag} {run}{below} is {where}; name a path outside it" in one_line_exit(
+        capsys, lambda: module.main([*argv, flag, f"{run}{below}"]), code=2)
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+
+
 @pytest.mark.parametrize("below", ["", "/report"])
 def test_compare_refuses_a_link_to_nothing_for_its_report_folder(below, tmp_path, capsys):
     """Read as no folder there yet, it passed the check and failed ("File exists") after both
