@@ -82,7 +82,9 @@ def trained_run(folder: Path, model: str | None, width: int | None) -> tuple[dic
     if config.get("model") not in GAN_MODELS:
         raise UsageError(f"--weights {folder} is a run of {config.get('model')!r}; this script measures "
                          f"{', '.join(GAN_MODELS)}")
-    if config["framework"] not in ("pytorch", "tensorflow") or type(config.get("width")) is not int:
+    # an edited width of -1 or 10**30 built no network: a traceback from the framework
+    if (config["framework"] not in ("pytorch", "tensorflow") or type(config.get("width")) is not int
+            or not 1 <= config["width"] <= MAX_WIDTH):
         raise UserError(f"{folder / 'config.json'} is damaged: framework {config['framework']!r}, "
                         f"width {config.get('width')!r}")
     if model not in (None, config["model"]) or width not in (None, config["width"]):

@@ -1108,6 +1108,11 @@ def test_amp_gradients_refuses_runs_it_cannot_measure_in_one_line(tmp_path, caps
     refused(["--weights", str(tmp_path)], "not a finished run")
     refused(["--weights", str(run), "--model", "dcgan"], "leave --model and --width out")
     refused(["--weights", str(run), "--width", "16"], "leave --model and --width out")
+    settings = (run / "config.json").read_text()
+    for width in (-1, 10**30):  # an edit: a traceback from the framework building the networks
+        (run / "config.json").write_text(json.dumps({**json.loads(settings), "width": width}))
+        refused(["--weights", str(run)], f"config.json is damaged: framework 'pytorch', width {width}")
+    (run / "config.json").write_text(settings)
     checkpoint = next((run / "checkpoints").glob("step_*.pt"))
     saved = checkpoint.read_bytes()
     checkpoint.write_bytes(b"not a checkpoint")
