@@ -788,8 +788,10 @@ def test_embedded_mnist_reads_its_cache_instead_of_parsing(tmp_path, monkeypatch
     [
         lambda path: path.write_bytes(b"PK\x03\x04 garbage"),
         lambda path: np.savez(path, x=np.zeros((3, 28, 28, 1), np.uint8), y=np.zeros(3, np.int64)),
+        # the right shapes, labels out of 0..9: the feature net's loss raised a traceback
+        lambda path: np.savez(path, x=np.zeros((10_000, 28, 28, 1), np.uint8), y=np.full(10_000, -1, np.int64)),
     ],
-    ids=["garbage", "wrong-shape"],
+    ids=["garbage", "wrong-shape", "labels-out-of-range"],
 )
 def test_corrupt_cache_is_reparsed_and_rewritten(tmp_path, monkeypatch, corrupt):
     monkeypatch.setenv("AMPGEN_CACHE", str(tmp_path))
