@@ -33,8 +33,9 @@ Other flags go to every configuration, checked first as the model scripts read t
 is one line before anything runs); those that would change what a row is named for (--amp,
 --amp-dtype, --tf32, --compile, --xla, --distribute) are refused: --precisions, --compiled
 and --replicas set them.
-A configuration that fails (on CUDA, PyTorch 2.11 cannot compile DCGAN's step: README) says
-why at once and is not run again (under --repeat its earlier runs still make its row); the
+A configuration that fails (on CUDA, PyTorch 2.11 cannot compile DCGAN's step: README), or
+that its script refuses when the flags are read (WGAN-GP under torch.compile), says why at
+once and is not run again (under --repeat its earlier runs still make its row); the
 others are measured, the table lists the failures under it, and the benchmark ends with exit
 status 1. If every configuration fails, the last table stays as it was.
 Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
@@ -123,17 +124,26 @@ def script_flags(model: str, framework: str, precision: str, compiled: bool, wor
             "--workers", str(workers), *distribute, *args.flags]
 
 
-def check_other_flags(configurations: list[tuple], args) -> None:
+def check_other_flags(configurations: list[tuple], args) -> dict[tuple, str]:
     """The flags handed on, checked before the first run as each model script reads them: a
-    typo made every configuration fail in turn, and the empty table replaced the last one."""
+    typo made every configuration fail in turn, and the empty table replaced the last one.
+    Returns the configurations a script refuses (WGAN-GP under torch.compile) with why: the
+    others are still measured, unless none is left."""
     for flag in args.flags:
         name = flag.split("=")[0]  # a prefix names a flag (--amp-d for --amp-dtype), in the scripts as here
         own = [full for full in OWN_FLAGS if len(name) > 2 and name.startswith("--") and full.startswith(name)]
         if own:
             typed = f" (typed {name})" if name != own[0] else ""
             raise UsageError(f"{own[0]}{typed} is set for each configuration by the benchmark; use {OWN_FLAGS[own[0]]}")
+    refused = {}
     for configuration in configurations:
-        parse_args(*configuration[:2], script_flags(*configuration, args))  # a flag error: its one line, exit 2
+        try:  # an unknown flag or a bad value: the script's parser's one line, exit 2, at once
+            parse_args(*configuration[:2], script_flags(*configuration, args))
+        except UsageError as error:
+            refused[configuration] = f"{configuration_name(*configuration)} refused: {error}"
+    if refused and len(refused) == len(configurations):
+        raise UsageError(next(iter(refused.values())))
+    return refused
 
 
 def measure(model: str, framework: str, precision: str, compiled: bool, workers: int, replicas: int, args) -> dict:
@@ -232,13 +242,15 @@ def main(argv=None) -> int:
                       for replicas in ((1, args.replicas) if args.replicas else (1,))
                       if not (framework == "tensorflow" and compiled and replicas > 1)]
     refuse_inside_a_run(args.out, "--out")  # the table and the configurations' runs would go inside it
-    check_other_flags(configurations, args)
+    refused = check_other_flags(configurations, args)
     for configuration in configurations:  # before the first run, not an hour into them
         check_replaceable(run_folder(*configuration, args))
     if problem := flags.output_files_problem(args.out, ("benchmark.md", "benchmark.json")):
         raise UsageError(f"--out: {problem}")
     runs = {configuration: [] for configuration in configurations}
-    failed = {}  # a configuration that failed once (torch.compile on a model it cannot compile): not run again
+    failed = dict(refused)  # a configuration that failed once (refused, or failed in a run): not run again
+    for error in refused.values():
+        print(escaped_line_breaks(f"error: {error}"), file=sys.stderr, flush=True)
     for _ in range(args.repeat):  # round robin: a slow spell of the machine hits every configuration
         for configuration in configurations:
             if configuration in failed:

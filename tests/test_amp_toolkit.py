@@ -534,6 +534,23 @@ def test_benchmark_checks_the_flags_it_hands_on_before_running_anything(flags, m
     assert scripts.commands == [] and (tmp_path / "benchmark.md").read_text() == "the last benchmark\n"
 
 
+def test_benchmark_measures_the_others_when_a_script_refuses_one_configuration(tmp_path, capsys, monkeypatch):
+    """--compiled with WGAN-GP (no double backward in torch.compile): the up-front check refused
+    the whole benchmark; that configuration alone is refused, before anything runs."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "wgan_gp", "--frameworks", "pytorch", "--precisions", "fp32",
+                        "--compiled", "--iters", "4", "--log-every", "2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 1 and len(err) == 2, err
+    assert err[0].startswith("error: wgan_gp pytorch fp32 torch.compile refused: --compile: torch.compile cannot ")
+    assert [(command[1].split("/")[-1], "--compile" in command) for command in scripts.commands] == [
+        ("gan_pytorch.py", False), ("gan_pytorch.py", True), ("wgan_gp_pytorch.py", False)]
+    assert len(json.loads((tmp_path / "benchmark.json").read_text())["rows"]) == 3
+
+
 def test_benchmark_whose_configurations_all_fail_keeps_the_last_table(tmp_path, capsys, monkeypatch):
     from scripts import benchmark
 
