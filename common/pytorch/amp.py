@@ -40,7 +40,7 @@ class FullPrecision(nn.Module):
         self.layer = layer
 
     def forward(self, x):
-        if not torch.is_autocast_enabled(x.device.type):  # float32 already (7 us a context saved)
+        if x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):  # 7 us a context saved
             return self.layer(x)
         with torch.autocast(x.device.type, enabled=False):
             return self.layer(x.float())
