@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, flags, models
-from common.config import MAX_REPLICAS, MAX_WORKERS, parse_args
+from common.config import MAX_REPLICAS, MAX_WORKERS, build_parser, parse_args
 from common.errors import Interrupted, UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.runs import RunFolder, atomic_write, refuse_inside_a_run, strict_json, text_bytes
 
@@ -129,10 +129,14 @@ def check_other_flags(configurations: list[tuple], args) -> dict[tuple, str]:
     typo made every configuration fail in turn, and the empty table replaced the last one.
     Returns the configurations a script refuses (WGAN-GP under torch.compile) with why: the
     others are still measured, unless none is left."""
+    entry = models.get(configurations[0][0])
+    script_options = build_parser(entry.key, configurations[0][1], entry.hparams.DEFAULTS)._option_string_actions
     for flag in args.flags:
         name = flag.split("=")[0]  # a prefix names a flag (--amp-d for --amp-dtype), in the scripts as here
-        own = [full for full in OWN_FLAGS if len(name) > 2 and name.startswith("--") and full.startswith(name)]
-        if own:
+        meant = {full for full in script_options if name.startswith("--") and full.startswith(name)}
+        own = [full for full in OWN_FLAGS if full in meant]
+        # an ambiguous prefix (--d: --device, --distribute, ...) is the script's parser's to refuse
+        if own and (name in OWN_FLAGS or meant <= set(OWN_FLAGS)):
             typed = f" (typed {name})" if name != own[0] else ""
             raise UsageError(f"{own[0]}{typed} is set for each configuration by the benchmark; use {OWN_FLAGS[own[0]]}")
     refused = {}

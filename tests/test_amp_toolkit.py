@@ -517,6 +517,8 @@ def test_benchmark_bounds_its_counts_before_running_anything(argv, message, tmp_
     (["--amp"], "error: --amp is set for each configuration by the benchmark; use --precisions", 2),
     (["--amp-d", "float16"], "error: --amp-dtype (typed --amp-d) is set for each configuration by the benchmark", 2),
     (["--xla"], "error: --xla is set for each configuration by the benchmark; use --compiled", 2),
+    # a prefix of other flags too: the script's parser says so, not "--distribute (typed --d)"
+    (["--d", "cpu"], "error: ambiguous option: --d could match --d", 2),
 ])
 def test_benchmark_checks_the_flags_it_hands_on_before_running_anything(flags, message, code, tmp_path, capsys,
                                                                          monkeypatch):
