@@ -520,11 +520,8 @@ class RunFolder:
         if config.get("out") is not None or not self.path.name.endswith(suffix):
             return None
         before = self.path.with_name(self.path.name.removesuffix(suffix))
-        try:
-            saved = json.loads((before / "config.json").read_text()) if (before / "config.json").is_file() else None
-        except (OSError, ValueError, RecursionError):
-            return None
-        return before if isinstance(saved, dict) and saved.get("dataset") == config["dataset"] else None
+        saved = RunFolder(before).read_config()
+        return before if saved is not None and saved.get("dataset") == config["dataset"] else None
 
     def _keep_earlier_versions(self, saved: dict, config: dict) -> dict:
         """The config to write on resume: a run resumed under other library versions keeps the
