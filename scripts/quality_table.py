@@ -200,20 +200,27 @@ def seed_means(seed_rows: list[dict], fp32_fids: dict[int, float]) -> list[dict]
         values = {key: [row["metrics"][key] for row in runs] for key in numbers}
         mean = {"model": runs[0]["model"], "dataset": runs[0]["dataset"], "framework": runs[0]["framework"],
                 "precision": precision, "seed": None, "seeds": [row["seed"] for row in runs],
-                "metrics": {key: mean_of(v) for key, v in values.items()},
-                "spread": {key: mean_of(v, spread=True) for key, v in values.items()}}
+                "metrics": {key: seeds_mean(v) for key, v in values.items()},
+                "spread": {key: seeds_spread(v) for key, v in values.items()}}
         if precision != "fp32" and paired:
+            fp32_fid = seeds_mean([fp32_fids[seed] for seed in mean["seeds"]])
             with np.errstate(all="ignore"):
-                mean["fid_ratio"] = float(mean["metrics"]["fid"] / mean_of([fp32_fids[seed] for seed in mean["seeds"]]))
+                mean["fid_ratio"] = float(np.float64(mean["metrics"]["fid"]) / fp32_fid)
         means.append(mean)
     return means
 
 
-def mean_of(values: list[float], spread: bool = False) -> float:
-    """The mean (or the sample standard deviation) of the seeds' values; NaN or inf where one
-    is (a metric that was inf/NaN is null in summary.json): statistics.stdev raised on them."""
+# NaN or inf where a seed's value is (a metric that was inf/NaN is null in summary.json):
+# statistics.stdev raised on them.
+def seeds_mean(values: list[float]) -> float:
     with np.errstate(all="ignore"):
-        return float(np.std(values, ddof=1) if spread else np.mean(values))
+        return float(np.mean(values))
+
+
+def seeds_spread(values: list[float]) -> float:
+    """The sample standard deviation of the seeds' values."""
+    with np.errstate(all="ignore"):
+        return float(np.std(values, ddof=1))
 
 
 def cell(value, digits: int, spread=None) -> str:
