@@ -19,14 +19,15 @@ $(STAMP): requirements.txt pyproject.toml
 # in its own process, into runs/demo so that no run of the user's own is replaced; run again, it
 # reuses the finished runs (and continues one interrupted at a checkpoint).
 # 12,000 of the default 20,000 iterations: about 7.5 minutes of training for both on 2 cores.
-# --amp where this CPU computes bfloat16 natively (AVX512-BF16 or AMX, common/cpu.py); an
-# AVX2-only CPU emulates it, PyTorch's step 11.6x slower than in float32, so the demo trains in
-# float32 there (the README's figures). `make demo DEMO_AMP=--amp` or `DEMO_AMP=` picks either anyway.
+# --amp where this CPU is known to compute bfloat16 natively (AVX512-BF16 or AMX in
+# /proc/cpuinfo, common/cpu.py); an AVX2-only CPU emulates it, PyTorch's step 11.6x slower than
+# in float32, so the demo trains in float32 there and where the CPU cannot be told (not Linux).
+# `make demo DEMO_AMP=--amp` or `DEMO_AMP=` picks either anyway.
 DEMO_ITERS := 12000
 DEMO_RUNS := runs/demo
 demo: setup
-	$(eval DEMO_AMP ?= $(shell $(PY) -c "from common import cpu; print('--amp' if cpu.has_native_bf16() else '')"))
-	@echo "make demo: $(if $(DEMO_AMP),AMP,float32 (no native bfloat16 here or DEMO_AMP= given; DEMO_AMP=--amp forces AMP))"
+	$(eval DEMO_AMP ?= $(shell $(PY) -c "from common import cpu; print(cpu.demo_precision_flag())"))
+	@echo "make demo: $(if $(DEMO_AMP),AMP,float32 (no native bfloat16 known here, or DEMO_AMP= given; DEMO_AMP=--amp forces AMP))"
 	$(PY) scripts/compare.py --model vanilla_gan $(DEMO_AMP) --iters $(DEMO_ITERS) --runs $(DEMO_RUNS) --reuse
 
 # Two pytest workers (pytest-xdist): in one process the suite used one core's worth of CPU time

@@ -35,10 +35,23 @@ def describe() -> dict:
             **{feature: (feature in flags) if text is not None else None for feature in BF16_FEATURES}}
 
 
-def has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX; True where it cannot be told (not Linux): do not guess."""
+def native_bf16() -> bool | None:
+    """AVX512-BF16 or AMX: True or False; None where it cannot be told (no /proc/cpuinfo)."""
     info = describe()
-    return info["amx_bf16"] is None or info["avx512_bf16"] or info["amx_bf16"]
+    if info["amx_bf16"] is None:
+        return None
+    return bool(info["avx512_bf16"] or info["amx_bf16"])
+
+
+def has_native_bf16() -> bool:
+    """native_bf16(), True where it cannot be told: a warning of emulation does not guess."""
+    return native_bf16() is not False
+
+
+def demo_precision_flag() -> str:
+    """`make demo`'s precision: --amp where bfloat16 is known to be native, float32 ("")
+    elsewhere, an unknown CPU included (an Intel Mac emulates it, 11.6x slower in PyTorch)."""
+    return "--amp" if native_bf16() else ""
 
 
 def summary(info: dict | None = None) -> str:

@@ -481,6 +481,29 @@ def test_make_demo_trains_into_its_own_folder_and_replaces_no_run():
     assert Path(args.runs) in removed and not any(Path("runs").is_relative_to(path) for path in removed), removed
 
 
+@pytest.mark.parametrize("cpuinfo, flag", [
+    ("model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n", ""),  # AVX2 only: bfloat16 emulated
+    ("model name\t: Intel Xeon\nflags\t\t: avx2 avx512_bf16\n", "--amp"),
+    ("model name\t: Intel Xeon\nflags\t\t: avx2 amx_bf16 amx_tile\n", "--amp"),
+    (None, ""),  # no /proc/cpuinfo (macOS): an Intel Mac would emulate it, 11.6x slower
+])
+def test_make_demo_trains_under_amp_only_where_bfloat16_is_known_native(cpuinfo, flag, monkeypatch):
+    """The demo once ran --amp wherever the CPU could not be told; the emulation warning
+    still keeps quiet there (it does not guess)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(cpu, "_cpuinfo", lambda: cpuinfo)
+    assert cpu.demo_precision_flag() == flag
+    assert cpu.has_native_bf16() is (flag == "--amp" or cpuinfo is None)
+    monkeypatch.undo()
+    root = Path(__file__).resolve().parents[1]
+    planned = subprocess.run(["make", "--dry-run", "--always-make", "demo", f"PY={sys.executable}"],
+                             cwd=root, capture_output=True, text=True, timeout=120, check=True).stdout
+    (demo,) = [line.split() for line in planned.splitlines() if "compare.py" in line]
+    assert ("--amp" in demo) is (cpu.demo_precision_flag() == "--amp")  # the Makefile asks cpu.py
+
+
 def test_the_tensorboard_command_printed_is_the_one_that_runs(tmp_path, monkeypatch):
     """After `make demo` tensorboard is in .venv/bin, on no PATH: the last line names it there."""
     bin_folder = tmp_path / "venv" / "bin"
