@@ -292,6 +292,44 @@ def test_gradient_clipping_sees_unscaled_gradients():
         assert any(not torch.equal(b, p) for b, p in zip(before[name], module.parameters())), name
 
 
+@pytest.mark.parametrize("model_name", ["wgan_gp", "vanilla_vae"])
+def test_the_steps_of_their_own_unscale_before_they_clip(model_name):
+    """WGAN-GP's and the VAE's steps (not the shared GAN step above) unscale before they clip:
+    clipping the still-scaled gradients to 1e-3 would leave 1e-3 / 1024 once scaler.step()
+    unscales them. The critic's gradients are those of its last of five updates."""
+    import torch
+
+    from common.pytorch.data import load_data
+    from common.pytorch.runtime import setup
+    from GAN.wgan_gp import wgan_gp_pytorch
+    from VAE.vanilla_vae import vae_pytorch
+
+    clip = 1e-3  # under the true gradient norms of both models' networks at their initialisation
+    flags = [*SCALER_FLAGS, "--clip-grad-norm", str(clip), "--data-limit", "64"]
+    if model_name == "wgan_gp":
+        cfg = parse_args(model_name, "pytorch", [*flags, "--dataset", "ring8", "--width", "2", "--batch-size", "20"])
+        runtime = setup(cfg, log=lambda *_: None)
+        data = load_data(cfg, runtime, wgan_gp_pytorch.hparams.PIXEL_RANGE)
+        networks = wgan_gp_pytorch.build_networks(data.sample_shape, cfg.width)
+        trainer = wgan_gp_pytorch.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
+        clipped_together = [[name] for name in trainer.modules]  # each network its own optimizer
+    else:
+        cfg = parse_args(model_name, "pytorch", [*flags, "--width", "16", "--batch-size", "16"])
+        runtime = setup(cfg, log=lambda *_: None)
+        data = load_data(cfg, runtime, vae_pytorch.hparams.PIXEL_RANGE)
+        networks = vae_pytorch.build_networks(data.sample_shape, cfg.width)
+        trainer = vae_pytorch.VAE(networks["encoder"], networks["decoder"], cfg, runtime)
+        clipped_together = [list(trainer.modules)]  # one optimizer, one norm over both
+    before = {name: [p.detach().clone() for p in m.parameters()] for name, m in trainer.modules.items()}
+    trainer.train_step(data.batch(torch.arange(cfg.batch_size)))
+    assert runtime.scaler.get_scale() == 1024.0  # no overflow: every update was applied
+    for names in clipped_together:
+        grads = [p.grad for name in names for p in trainer.modules[name].parameters()]
+        assert float(torch.sqrt(sum(g.square().sum() for g in grads))) == pytest.approx(clip, rel=1e-3), names
+    for name, module in trainer.modules.items():
+        assert any(not torch.equal(b, p) for b, p in zip(before[name], module.parameters())), name
+
+
 def test_adamw_decay_is_the_same_in_both_frameworks():
     import keras
     import torch

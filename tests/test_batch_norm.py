@@ -128,3 +128,29 @@ def test_dcgans_keras_networks_use_it():
     norms = [layer for network in networks.values() for layer in network.layers
              if isinstance(layer, keras.layers.BatchNormalization)]
     assert len(norms) == 7 and all(isinstance(layer, BatchNormalization) for layer in norms)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_sample_grids_and_evaluation_leave_training_as_it_was(framework, tmp_path):
+    """G itself samples (--ema-decay 0) in inference mode, on its running statistics, and
+    training carries on in training mode: a DCGAN run that writes a grid at every step and
+    evaluates at the end ends with the weights and statistics of one that writes no grid.
+    PyTorch's networks left in eval mode after a grid would train on running statistics; a
+    TensorFlow grid drawn in training mode would move G's running statistics."""
+    from conftest import checkpoint_arrays
+
+    from GAN.dcgan import dcgan_pytorch
+
+    script = {"pytorch": dcgan_pytorch, "tensorflow": dcgan_tensorflow}[framework]
+    tiny = ["--iters", "3", "--width", "4", "--batch-size", "16", "--data-limit", "64", "--ema-decay", "0",
+            "--log-every", "1", "--checkpoint-every", "3", "--seed", "2"]
+    script.main([*tiny, "--out", str(tmp_path / "grids"), "--sample-every", "1", "--evaluate", "100"])
+    script.main([*tiny, "--out", str(tmp_path / "none"), "--sample-every", "0"])
+    suffix = "pt" if framework == "pytorch" else "npz"
+    with_grids, without = (checkpoint_arrays(tmp_path / run / "checkpoints" / f"step_000003.{suffix}")
+                           for run in ("grids", "none"))
+    assert with_grids.keys() == without.keys()
+    assert sum("generator" in key for key in without) >= 10  # G's layers, batch norm's statistics too
+    for key in without:
+        np.testing.assert_array_equal(with_grids[key], without[key], err_msg=key)
+    assert len(list((tmp_path / "grids" / "samples").glob("*.png"))) == 4  # steps 0 to 3
