@@ -12,6 +12,7 @@ runs/<model>/<framework>-<precision>[-<dataset>]/   (the dataset's name for any 
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -34,11 +35,11 @@ KEEP_CHECKPOINTS = 2
 # what a history row holds besides the losses: step, loss scaling, time, and (float16) the
 # steps a scaler skipped and those whose losses were not finite
 NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms", "skipped_at", "nonfinite_steps")
-# What a run writes in its folder (the listing above, and the temporary files of atomic_write
-# and sampling.fixed_noise): what --overwrite deletes.
+# What a run writes in its folder (the listing above, and the temporary files of atomic_write,
+# and of sampling.fixed_noise before it used atomic_write): what --overwrite deletes.
 RUN_ENTRY = re.compile(r"(config\.json|history\.jsonl|summary\.json|fixed_noise\.npy|initial_weights\.npz"
                        r"|samples|checkpoints|profile|events\.out\.tfevents\..+|fixed_noise\.npy\.tmp"
-                       r"|\.(config\.json|history\.jsonl|summary\.json|initial_weights\.npz)\.tmp-\d+)")
+                       r"|\.(config\.json|history\.jsonl|summary\.json|initial_weights\.npz|fixed_noise\.npy)\.tmp-\d+)")
 # ... and what it writes inside its samples/ and checkpoints/ (with atomic_write's temporary files)
 FOLDER_ENTRY = {"samples": re.compile(r"step_\d{6,}(_recon)?\.png|\.step_\d{6,}(_recon)?\.png\.tmp-\d+"),
                 "checkpoints": re.compile(r"(diverged_)?step_\d{6,}\.(pt|npz)"
@@ -55,8 +56,11 @@ def atomic_write(path: Path, write, durable: bool = True) -> None:
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # A new file, never through a link left at that name (a run folder from elsewhere): the
+    # write would land in the file it points to.
+    tmp.unlink(missing_ok=True)
     try:
-        with open(tmp, "wb") as file:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as file:
             write(file)
             if durable:
                 file.flush()
@@ -574,7 +578,13 @@ class RunFolder:
         # point leaves the row written or not (buffered text I/O may split it in two writes);
         # a full disk or a power cut can still cut it short, which read_history tolerates.
         line = (strict_json(row) + "\n").encode()
-        fd = os.open(self.history_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:  # never appended through a link (to a file outside the run)
+            fd = os.open(self.history_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise UserError(f"{self.history_file} is a link; a run's history is a file of its own: "
+                                "remove the link") from None
+            raise
         try:
             os.write(fd, line)
         except OSError as error:  # a bare descriptor's error names no file (a full disk)

@@ -59,10 +59,7 @@ def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:
             raise UserError(f"{path} is unreadable ({error}); delete it to draw it again") from None
     noise = np.random.default_rng([seed, NOISE_STREAM]).standard_normal((count, dim))
     noise = noise.astype(np.float32)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as file:
-        np.save(file, noise)
-    tmp.replace(path)
+    atomic_write(path, lambda file: np.save(file, noise))
     return noise
 
 

@@ -735,6 +735,33 @@ def test_a_rename_onto_a_folder_names_the_file_asked_for_not_the_temporary_one(t
     assert [p.name for p in tmp_path.iterdir()] == ["table.md"]  # the temporary file gone too
 
 
+def test_no_file_of_a_run_is_written_through_a_link_left_in_its_folder(tmp_path):
+    """A run folder from elsewhere can hold links where the run writes its temporary files
+    (fixed_noise.npy.tmp was one fixed name): a write through one landed in the file it points
+    to, outside the folder. A history.jsonl that is a link is refused, not appended to."""
+    import numpy as np
+
+    from common import sampling
+    from common.errors import UserError
+    from common.runs import RunFolder, atomic_write
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f".fixed_noise.npy.tmp-{os.getpid()}").symlink_to(victim)
+    noise = sampling.fixed_noise(run, 4, 3, seed=0)
+    np.testing.assert_array_equal(np.load(run / "fixed_noise.npy"), noise)
+    (run / f".table.md.tmp-{os.getpid()}").symlink_to(victim)
+    atomic_write(run / "table.md", lambda f: f.write(b"x"))
+    assert (run / "table.md").read_bytes() == b"x" and not (run / "table.md").is_symlink()
+    assert victim.read_text() == "mine" and sorted(p.name for p in run.iterdir()) == ["fixed_noise.npy", "table.md"]
+    (run / "history.jsonl").symlink_to(victim)
+    with pytest.raises(UserError, match="history.jsonl is a link"):
+        RunFolder(run).append_history({"step": 1, "loss": 0.5})
+    assert victim.read_text() == "mine"
+
+
 @pytest.mark.parametrize("script", ["benchmark", "quality_table", "compare"])
 def test_a_folder_where_a_scripts_table_goes_is_refused_before_any_run(script, tmp_path, capsys, monkeypatch):
     """The file was written after every run: benchmark.py lost hours of measurements, with an
