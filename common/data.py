@@ -271,9 +271,10 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         with open(path, "rb") as file:
             compressed = file.read(2) == GZIP_MAGIC
             file.seek(0)
+            size = os.fstat(file.fileno()).st_size  # compressed
             if compressed:
                 with gzip.GzipFile(fileobj=file) as stream:
-                    return _read_idx_stream(stream, path)
+                    return _read_idx_stream(stream, path, gzip_holds_at_most=size * DEFLATE_MAX_RATIO)
             return _read_idx_stream(file, path)
     except FileNotFoundError:
         raise DataError(f"{path} does not exist; check the data directory") from None
@@ -282,9 +283,12 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         raise DataError(f"{path} {what} ({_reason(exc)}); download it again") from None
 
 
-def _read_idx_stream(stream, path: Path) -> np.ndarray:
+def _read_idx_stream(stream, path: Path, gzip_holds_at_most: int | None = None) -> np.ndarray:
     """Parse header and data; the data's length is checked against the header before the
-    array is built, and at most one byte more than the header declares is ever read."""
+    array is built, and at most one byte more than the header declares is ever read. Gzipped,
+    a header that declares more than deflate's largest ratio allows from the file's size is
+    refused before any data is read: the stream would be decompressed to its end first
+    (2 GB of zeros are a 2 MB file)."""
     header = stream.read(4)
     if len(header) < 4 or header[:2] != b"\0\0":
         raise DataError(
@@ -307,8 +311,11 @@ def _read_idx_stream(stream, path: Path) -> np.ndarray:
         raise DataError(f"{path} is truncated inside its header; download it again")
     dims = struct.unpack(f">{ndims}I", dims_bytes)
     expected = math.prod(dims) * dtype.itemsize
-    data = _read_at_most(stream, expected + 1)
     declared = f"{'x'.join(map(str, dims))} {dtype.name} = {expected} bytes of data"
+    if gzip_holds_at_most is not None and expected > gzip_holds_at_most:
+        raise DataError(f"{path} is truncated: header says {declared}, but a gzip file of its size "
+                        f"holds at most {gzip_holds_at_most}; download it again")
+    data = _read_at_most(stream, expected + 1)
     if len(data) < expected:
         raise DataError(
             f"{path} is truncated: header says {declared} but the file holds {len(data)}; download it again"
@@ -473,7 +480,10 @@ def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
                 present = ", ".join(archive.files) or "none"
                 raise DataError(f"{path} lacks the arrays {', '.join(missing)} (it has {present})")
             return {key: npz_array(archive, key, path) for key in keys}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+    # zipfile: RuntimeError for an encrypted member, NotImplementedError for a zip version or
+    # compression it does not read
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError,
+            NotImplementedError) as exc:
         raise DataError(f"{path} is not a readable .npz archive ({_reason(exc)}); download it again") from None
 
 

@@ -162,6 +162,26 @@ def test_read_idx_reads_no_more_of_a_gzip_bomb_than_the_header_declares(tmp_path
     assert peak < 8 << 20  # reading it all would need 64 MiB
 
 
+def test_read_idx_refuses_a_gzip_whose_header_claims_more_than_its_size_can_hold(tmp_path):
+    """A header of 2**20 x 2**20 bytes (1 TiB) over 64 MiB of zeros in a few kilobytes: deflate
+    cannot hold 1 TiB in them, so nothing is decompressed (it read all 64 MiB, then said
+    "truncated"; a 2 MB file of 2 GB of zeros took 2.4 GB and 9 s)."""
+    path = tmp_path / "bomb.gz"
+    with gzip.open(path, "wb", compresslevel=1) as stream:
+        stream.write(b"\0\0\x08\x02" + struct.pack(">2I", 1 << 20, 1 << 20))
+        megabyte = bytes(1 << 20)
+        for _ in range(64):
+            stream.write(megabyte)
+    tracemalloc.start()
+    try:
+        with data_error("bomb.gz", "1099511627776 bytes of data, but a gzip file of its size holds at most"):
+            read_idx(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+
+
 @pytest.mark.parametrize(
     "header, fragment",
     [
@@ -333,6 +353,29 @@ def _write_npz_compressed_with_bzip2(path: Path) -> None:
     assert path.stat().st_size < 10_000
 
 
+def _patch_zip_headers(path: Path, local_at: int, central_at: int, value: int, width: int = 2) -> None:
+    """Set one field of every member's local (offset local_at) and central (central_at) header."""
+    raw = bytearray(path.read_bytes())
+    for signature, offset in ((b"PK\x03\x04", local_at), (b"PK\x01\x02", central_at)):
+        start = raw.find(signature)
+        while start != -1:
+            raw[start + offset:start + offset + width] = value.to_bytes(width, "little")
+            start = raw.find(signature, start + 4)
+    path.write_bytes(bytes(raw))
+
+
+def _write_npz_encrypted(path: Path) -> None:
+    """Every member marked encrypted (bit 0 of its flags): zipfile raised RuntimeError."""
+    np.savez(path, x_test=np.zeros((2, 28, 28), np.uint8), y_test=np.zeros(2, np.uint8))
+    _patch_zip_headers(path, local_at=6, central_at=8, value=1)
+
+
+def _write_npz_of_a_later_zip_version(path: Path) -> None:
+    """"Version needed to extract" 15.6: zipfile raised NotImplementedError."""
+    np.savez(path, x_test=np.zeros((2, 28, 28), np.uint8), y_test=np.zeros(2, np.uint8))
+    _patch_zip_headers(path, local_at=4, central_at=6, value=156)
+
+
 @pytest.mark.parametrize("source", ["idx", "npz"])
 def test_images_of_no_pixels_are_refused(tmp_path, source):
     """0 x 0 images pass the header and size checks, then failed in a network (a traceback)."""
@@ -358,9 +401,11 @@ def test_images_of_no_pixels_are_refused(tmp_path, source):
         (_write_npz_with_object_array, "not a readable .npz archive"),
         (_write_npz_with_float_images, "expected uint8"),
         (_write_npz_compressed_with_bzip2, "x_test is compressed with zip method 12, not stored or deflated"),
+        (_write_npz_encrypted, "is encrypted, password required"),
+        (_write_npz_of_a_later_zip_version, "zip file version 15.6"),
     ],
     ids=["not-zip", "claims-petabytes", "truncated", "index-lies", "missing-keys", "object-array", "float-images",
-         "bzip2-bomb"],
+         "bzip2-bomb", "encrypted", "later-zip-version"],
 )
 def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
     write(tmp_path / "mnist.npz")
