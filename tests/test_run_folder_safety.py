@@ -392,6 +392,16 @@ PT_EDITS = {
                                      "has no valid nonfinite_streak (found 3)"),
     "lr a string": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("lr", "abc"),
                     "param_groups/0/lr is 'abc'"),
+    # hyperparameters load_state_dict would have put in place of this run's (its flags'): a
+    # KeyError, ZeroDivisionError or a "can't be cast" RuntimeError mid-step, or --lr overridden
+    "amsgrad on": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("amsgrad", True),
+                   "optimizers/generator/param_groups/0/amsgrad is True, this run's False"),
+    "beta1 1": (lambda s: s["optimizers"]["discriminator"]["param_groups"][0].__setitem__("betas", (1.0, 0.999)),
+                "optimizers/discriminator/param_groups/0/betas is (1.0, 0.999), this run's "),
+    "lr another": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("lr", 1e39),
+                   "optimizers/generator/param_groups/0/lr is 1e+39, this run's "),
+    "maximize": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("maximize", True),
+                 "param_groups/0/maximize is True, this run's False"),
     "moment misshapen": (first_moment, "optimizers/generator/state/0/exp_avg is (3, 5)"),
     # a network changed since the run was trained: load_state_dict's first line named nothing
     "a weight missing": (lambda s: s["modules"]["generator"].popitem(), "modules/generator has 7 tensors, the model 8"),
@@ -562,6 +572,10 @@ NPZ_EDITS = {
         a["module/generator/0000"].shape, 1e300)), "holds inf/NaN in module/generator/0000"),
     "iterations uint64": (lambda a: a.__setitem__("optimizer/generator/0000", np.array(2**64 - 1, np.uint64)),
                           "optimizer/generator/0000 holds a negative count"),
+    # Adam's variables: iterations, then the rate, which trained on to NaN (exit 0)
+    "learning rate another": (lambda a: a.__setitem__("optimizer/generator/0001", np.array(3e38, np.float32)),
+                              "does not fit this run: optimizer/generator/0001, a learning rate, is 3e+38, "
+                              "this run's 0.0002"),
 }
 
 

@@ -71,6 +71,7 @@ class Checkpoints:
                 saved = dict(state["optimizers"][name])
                 saved["param_groups"] = with_live_implementation(saved["param_groups"], live_groups)
                 check_like(saved["param_groups"], live_groups, f"optimizers/{name}/param_groups")
+                check_same_settings(saved["param_groups"], live_groups, f"optimizers/{name}/param_groups")
                 optimizer.load_state_dict(saved)
                 check_optimizer_state(optimizer, f"optimizers/{name}/state")
             for name, average in self.trainer.averages.items():
@@ -175,6 +176,20 @@ def with_live_implementation(saved_groups, live_groups: list) -> list:
         return saved_groups
     return [{**group, **{key: live[key] for key in IMPLEMENTATION_OPTIONS if key in live}}
             if isinstance(group, dict) else group for group, live in zip(saved_groups, live_groups)]
+
+
+def check_same_settings(saved_groups: list, live_groups: list, where: str) -> None:
+    """The saved hyperparameters (rate, betas, epsilon, decay, amsgrad, maximize) are the running
+    optimizer's, which this command's flags built and --resume holds to the run's: load_state_dict
+    would put the saved ones in their place, and an edited file's (betas of 1, amsgrad without
+    its state, a rate of 1e39) trained on to a traceback or in silence. A ValueError naming the
+    first that differs."""
+    for index, (saved, live) in enumerate(zip(saved_groups, live_groups)):
+        for key in sorted(saved.keys() & live.keys() - {"params", *IMPLEMENTATION_OPTIONS}):
+            as_saved, as_live = (list(value) if isinstance(value, (list, tuple)) else value
+                                 for value in (saved[key], live[key]))
+            if as_saved != as_live:
+                raise ValueError(f"{where}/{index}/{key} is {saved[key]!r}, this run's {live[key]!r}")
 
 
 # load_state_dict checks the networks' shapes but copies an optimizer's hyperparameters, its

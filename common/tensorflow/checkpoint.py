@@ -110,6 +110,12 @@ class Checkpoints:
                 # 1 - beta**(iterations + 1)
                 if value.dtype.kind in "iu" and (value < 0).any():
                     raise CheckpointError(f"checkpoint {path} is damaged: {key} holds a negative count")
+                # the rate is this command's --lr, which --resume holds to the run's: an edited
+                # one (3e38) trained on to NaN, as the PyTorch twin's param groups are checked
+                if group.startswith("optimizer/") and variable.name == "learning_rate" \
+                        and not np.array_equal(value, live := variable.numpy()):
+                    raise CheckpointError(f"checkpoint {path} does not fit this run: {key}, a learning rate, "
+                                          f"is {value.item():g}, this run's {live.item():g}")
                 variable.assign(value)
         for optimizer in self.trainer.optimizers.values():
             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
