@@ -211,16 +211,17 @@ def seed_means(seed_rows: list[dict], fp32_fids: dict[int, float]) -> list[dict]
 
 
 # NaN or inf where a seed's value is (a metric that was inf/NaN is null in summary.json):
-# statistics.stdev raised on them.
+# statistics.stdev raised on them. As float64: two integers of an edited file near float's
+# largest (10**308) made an object array whose sum float() refused (OverflowError).
 def seeds_mean(values: list[float]) -> float:
     with np.errstate(all="ignore"):
-        return float(np.mean(values))
+        return float(np.mean(np.asarray(values, np.float64)))
 
 
 def seeds_spread(values: list[float]) -> float:
     """The sample standard deviation of the seeds' values."""
     with np.errstate(all="ignore"):
-        return float(np.std(values, ddof=1))
+        return float(np.std(np.asarray(values, np.float64), ddof=1))
 
 
 def cell(value, digits: int, spread=None) -> str:

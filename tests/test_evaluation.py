@@ -457,6 +457,14 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
     fp32_mean = json.loads((tmp_path / "quality_table.json").read_text())["rows"][5]
     assert fp32_mean["seeds"] == [0, 3] and fp32_mean["metrics"]["precision"] is None
     assert fp32_mean["metrics"]["fid"] == pytest.approx((fid["fp32", 0] + fid["fp32", 3]) / 2)
+    # Integers near float's largest in both (an edited file): their sum is inf, not an OverflowError
+    for folder in (seed3, tmp_path / "lsgan" / "mnist" / "pytorch-fp32"):
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["metrics"]["recall"] = 10**308
+        (folder / "summary.json").write_text(json.dumps(summary))
+    assert quality_table.main([*argv, "--table-only"]) == 0
+    fp32_mean = json.loads((tmp_path / "quality_table.json").read_text())["rows"][5]
+    assert fp32_mean["seeds"] == [0, 3] and fp32_mean["metrics"]["recall"] is None  # inf: null
 
     # A seed without its float32 run: the means keep to the seeds with both, here one: no mean rows
     shutil.rmtree(seed3)
