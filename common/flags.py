@@ -39,15 +39,24 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
 
 
+# The largest count a run records (a checkpoint's int64): past it, a run's own summary.json
+# read as damaged.
+MAX_COUNT = 2**63 - 1
+
+
 def positive_int(text: str) -> int:
     value = integer(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63 - 1, got {text}")
     return value
 
 
 def non_negative_int(text: str) -> int:
     value = integer(text)
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63 - 1, got {text}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive integer, got {text}")
     return value

@@ -167,7 +167,7 @@ def same_path(typed, recorded) -> bool:
     return isinstance(typed, str) and isinstance(recorded, str) and flags.absolute(typed) == flags.absolute(recorded)
 
 
-MAX_COUNT = 2**63 - 1
+MAX_COUNT = flags.MAX_COUNT
 
 
 def _is_number(value) -> bool:

@@ -24,6 +24,9 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
 @pytest.mark.parametrize("argv, message", [
     (["--batch-size", "0"], "--batch-size: must be a positive integer"),
     (["--iters", "-5"], "--iters: must be a positive integer"),
+    # past a checkpoint's int64: the run's own summary.json was then read as damaged
+    (["--iters", str(2**63)], "--iters: must be at most 2**63 - 1, got 9223372036854775808"),
+    (["--checkpoint-every", "1" + "0" * 23], "--checkpoint-every: must be at most 2**63 - 1"),
     (["--lr", "nan"], "--lr: must be a positive finite number"),
     (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
     (["--amp-dtype", "float32"], "invalid choice: 'float32'"),
