@@ -338,16 +338,19 @@ def test_adamw_decay_is_the_same_in_both_frameworks():
     from common.tensorflow import optimizers as keras_optimizers
     from common.tensorflow.runtime import setup
 
-    flags = ["--optimizer", "adamw", "--weight-decay", "0.05", "--lr", "0.002"]
+    flags = ["--optimizer", "adamw", "--weight-decay", "0.05", "--lr", "0.002", "--beta1", "0.3", "--beta2", "0.9",
+             "--clip-grad-norm", "0.5"]
     torch_cfg = parse_args("vanilla_gan", "pytorch", flags)
     weights = [torch.zeros(1, requires_grad=True)]
     group = torch_optimizers.make_optimizer(torch_cfg, weights).param_groups[0]
     tf_cfg = parse_args("vanilla_gan", "tensorflow", flags)
     keras_optimizer = keras_optimizers.make_optimizer(tf_cfg, setup(tf_cfg, log=lambda *_: None))
     assert isinstance(keras_optimizer, keras.optimizers.AdamW)
-    assert (group["weight_decay"], group["eps"], group["lr"]) == (0.05, 1e-8, 0.002)
+    assert (group["weight_decay"], group["eps"], group["lr"], group["betas"]) == (0.05, 1e-8, 0.002, (0.3, 0.9))
     assert (keras_optimizer.weight_decay, keras_optimizer.epsilon) == (0.05, 1e-8)
     assert float(keras_optimizer.learning_rate) == pytest.approx(0.002)
+    # AdamW takes the flags Adam takes: its betas, and --clip-grad-norm (PyTorch clips in the step)
+    assert (keras_optimizer.beta_1, keras_optimizer.beta_2, keras_optimizer.global_clipnorm) == (0.3, 0.9, 0.5)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])

@@ -354,6 +354,22 @@ def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
     train("pytorch", out, "--iters", "2")
     expect_exit(1, "lr: 0.0002 -> 0.002", capsys, "pytorch", out,
                 "--lr", "0.002", "--iters", "4", "--resume")
+    # an --out of its own names no precision, as a default folder does: the run's is kept
+    expect_exit(1, "precision: 'fp32' -> 'amp-bf16'", capsys, "pytorch", out, "--amp", "--iters", "4", "--resume")
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_resume_starts_from_the_latest_checkpoint(framework, tmp_path, capsys):
+    """Of the two kept (steps 4 and 6), the later: from step 4 the same deterministic steps would
+    end alike, so only the line and the history's untouched rows tell."""
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "6", "--checkpoint-every", "2")
+    rows = (out / "history.jsonl").read_text().splitlines()
+    capsys.readouterr()
+    train(framework, out, "--iters", "8", "--checkpoint-every", "2", "--resume")
+    suffix = "pt" if framework == "pytorch" else "npz"
+    assert f"resumed from {out / 'checkpoints' / f'step_000006.{suffix}'} at step 6" in capsys.readouterr().out
+    assert (out / "history.jsonl").read_text().splitlines()[:3] == rows  # step 6's row kept, not trained again
 
 
 def test_resume_names_a_datasets_run_in_its_default_folder_of_before(tmp_path, monkeypatch, capsys):
