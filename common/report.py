@@ -113,6 +113,12 @@ def sample_drift(sides: list[Side], steps: list[int]) -> dict[int, float]:
     return drift
 
 
+# Titles and legends as written: matplotlib reads text between two $ as TeX, and a history key
+# or run label of an edited run ("$\\foo{$") ended the report in its parser's traceback.
+PLAIN_TEXT = {"text.parse_math": False}
+
+
+@plt.rc_context(PLAIN_TEXT)
 def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
     """Rows: matching steps; columns: the runs."""
     fig, axes = plt.subplots(len(steps), len(sides), squeeze=False,
@@ -147,6 +153,7 @@ def loss_panels(sides: list[Side]) -> list[str]:
     return names + (["loss_scale"] if scaled else [])
 
 
+@plt.rc_context(PLAIN_TEXT)
 def loss_figure(sides: list[Side], path: Path) -> None:
     """One panel per loss_panels() entry, the runs overlaid; the loss scale on a log axis."""
     panels = loss_panels(sides)

@@ -187,6 +187,48 @@ def test_loss_panels_are_the_numbers_of_every_row_not_skipped_steps(tmp_path):
     assert (tmp_path / "report" / "losses.png").stat().st_size > 0
 
 
+def test_a_loss_name_or_label_with_dollar_signs_is_drawn_as_written(tmp_path):
+    """matplotlib reads text between two $ as TeX: an edited history key "$\\foo{$" ended
+    compare.py in its parser's traceback."""
+    odd = fake_side(tmp_path, "odd", [0], [{"step": 2, "$\\foo{$": 1.0}])
+    plain = fake_side(tmp_path, "plain", [0], [{"step": 2, "$\\foo{$": 0.5}])
+    odd.label = "$\\bar{$ fp32"
+    for side in (odd, plain):
+        plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
+    report.write_report([odd, plain], tmp_path / "report", "t", "cmd")
+    assert (tmp_path / "report" / "losses.png").stat().st_size > 0
+    assert (tmp_path / "report" / "samples.png").stat().st_size > 0
+
+
+def test_the_report_gives_the_second_runs_step_time_as_a_multiple_of_the_firsts(tmp_path):
+    """The sentence under the table compares the last run with the first: the ratio the wrong
+    way up would call the slower run the faster one."""
+    fast = fake_side(tmp_path, "fast", [0], [{"step": 2, "loss": 1.0}])
+    slow = fake_side(tmp_path, "slow", [0], [{"step": 2, "loss": 1.0}])
+    fast.label, fast.summary["median_step_ms"] = "pytorch fp32", 10.0
+    slow.label, slow.summary["median_step_ms"] = "pytorch amp-bf16", 25.0
+    for side in (fast, slow):
+        plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
+    report.write_report([fast, slow], tmp_path / "report", "t", "cmd")
+    lines = (tmp_path / "report" / "report.md").read_text().splitlines()
+    assert "pytorch amp-bf16 takes 2.50x the step time of pytorch fp32." in lines
+
+
+def test_sample_drift_is_the_mean_absolute_difference_of_the_two_grids(tmp_path):
+    """A grid a quarter of whose pixels went from black to white has drifted 0.25, not 1 (the
+    largest difference of any pixel), on the 0-1 scale the report states."""
+    black = fake_side(tmp_path, "black", [0], [{"step": 2, "loss": 1.0}])
+    quarter = fake_side(tmp_path, "quarter", [0], [{"step": 2, "loss": 1.0}])
+    grid = np.zeros((8, 8, 3), dtype=np.uint8)
+    plt.imsave(black.run.sample_path(0), grid)  # RGB bytes: saved as they are, not rescaled
+    grid[:4, :4] = 255
+    plt.imsave(quarter.run.sample_path(0), grid)
+    table = report.write_report([black, quarter], tmp_path / "report", "t", "cmd")
+    assert table["sample_drift"] == {"0": pytest.approx(0.25)}
+    assert ("Mean absolute difference of the two sample grids (pixels in [0, 1]): step 0 0.2500."
+            in (tmp_path / "report" / "report.md").read_text())
+
+
 def planned(monkeypatch, argv) -> list:
     """The Plans compare.main(argv) would train, in order; nothing trained, no report."""
     trained = []

@@ -479,6 +479,24 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
     assert exit_info.value.code == 2 and "distinct seeds" in err and "\n" not in err, err
 
 
+def test_quality_table_seed_means_keep_to_the_seeds_measured_in_both_precisions():
+    """Float32 seed 2 has no AMP run: counted in float32's mean FID (40, not 15), it would make
+    AMP's mean look more than twice as good as float32's over the very seeds the table shows."""
+    from scripts import quality_table
+
+    def row(precision, seed, fid):
+        return {"model": "lsgan", "dataset": "mnist", "framework": "pytorch", "precision": precision,
+                "seed": seed, "metrics": {"fid": fid}}
+
+    rows = [row("fp32", 0, 10.0), row("amp-bf16", 0, 11.0), row("fp32", 1, 20.0), row("amp-bf16", 1, 22.0),
+            row("fp32", 2, 90.0)]
+    fp32_mean, amp_mean = quality_table.seed_means(rows, {0: 10.0, 1: 20.0, 2: 90.0})
+    assert (fp32_mean["precision"], fp32_mean["seeds"]) == ("fp32", [0, 1])
+    assert fp32_mean["metrics"]["fid"] == pytest.approx(15.0)
+    assert (amp_mean["precision"], amp_mean["seeds"]) == ("amp-bf16", [0, 1])
+    assert amp_mean["fid_ratio"] == pytest.approx(16.5 / 15.0)
+
+
 def write_mnist_files(folder, side, count=64):
     """MNIST-format IDX files (both splits) of `count` random side x side images."""
     from tests.test_data import idx_bytes

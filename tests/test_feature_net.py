@@ -54,6 +54,24 @@ def test_tanh_range_and_wrong_shapes_are_refused(test_images):
         feature_net.features_and_logits(np.zeros((4, 32, 32, 1), dtype=np.uint8))
 
 
+def test_float_images_must_lie_in_the_unit_range_give_or_take_its_slack():
+    """Float images of 0..255 (uint8 pixels cast, never divided) would score as near-white
+    digits, clipped to 1, with no error; a sigmoid's or a resize's rounding just past [0, 1] is
+    not such a mistake."""
+    images = np.zeros((2, 28, 28, 1), dtype=np.float32)
+    images[0, 14, 14] = 255.0
+    with pytest.raises(ValueError, match=r"float images must lie in \[0, 1\], got values in \[0, 255\]"):
+        feature_net.to_network_input(images)
+    for stray in (1.002, -0.002):  # past the slack of 1e-3
+        images[0, 14, 14] = stray
+        with pytest.raises(ValueError, match=r"float images must lie in \[0, 1\]"):
+            feature_net.to_network_input(images)
+    for stray, clipped in ((1.0005, 1.0), (-0.0005, 0.0)):  # within it: taken, and clipped
+        images[0, 14, 14] = stray
+        pixels = feature_net.to_network_input(images)
+        assert pixels.dtype == np.float32 and pixels[0, 14, 14, 0] == clipped
+
+
 def test_missing_weights_name_the_training_script(tmp_path):
     with pytest.raises(CheckpointError, match="do not exist; create them with python scripts/train_feature_net.py"):
         feature_net.load_feature_net(tmp_path / "absent.npz")

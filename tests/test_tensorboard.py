@@ -88,6 +88,13 @@ def test_both_frameworks_write_the_same_tags_at_the_same_steps(runs):
         rows = history(folder)
         assert events["loss/d_loss"][1] == logged(rows, "d_loss")
         assert events["speed/ms_per_step"][1] == logged(rows, "step_ms")
+        # the values the tags hold, not only their steps: examples per second, not per millisecond
+        config = json.loads((folder / "config.json").read_text())
+        assert events["speed/samples_per_s"][1] == [
+            (row["step"], pytest.approx(config["batch_size"] * 1000.0 / row["step_ms"], rel=1e-6)) for row in rows]
+        assert events["amp/loss_scale"][1] == logged(rows, "loss_scale")
+        assert events["amp/skipped_steps"][1] == logged(rows, "skipped_total")
+        assert events["optimizer/lr"][1] == [(row["step"], pytest.approx(config["lr"], rel=1e-6)) for row in rows]
         metrics = json.loads((folder / "summary.json").read_text())["metrics"]
         assert events["quality/fid"][1] == [(4, pytest.approx(metrics["fid"], rel=1e-6))]
         # the image is the grid PNG the run saved at that step, pixel for pixel
