@@ -364,6 +364,12 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError(f"--dataset {cfg.dataset} needs --data-dir (no embedded copy)")
     if cfg.out and (problem := flags.output_problem(Path(cfg.out), folder=True)):
         raise UsageError(f"--out: {problem}")
+    if cfg.dataset == "folder" and cfg.data_dir:  # it reads every image under --data-dir
+        out = Path(cfg.out or "runs")
+        if Path(flags.absolute(str(out))).resolve().is_relative_to(Path(flags.absolute(cfg.data_dir)).resolve()):
+            where = f"--out {out}" if cfg.out else "the default run folder (runs/ here)"
+            raise UsageError(f"{where} lies inside --data-dir {cfg.data_dir}, whose images --dataset folder "
+                             "reads: the run's sample grids would become data; give an --out outside it")
     if cfg.data_limit is not None and cfg.data_limit < cfg.batch_size:
         raise UsageError(f"--data-limit {cfg.data_limit} is smaller than --batch-size "
                          f"{cfg.batch_size}: not one full batch")

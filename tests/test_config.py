@@ -94,10 +94,20 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
                                                                "--dataset ring8 is 2-D points"),
     (["--dataset", "grid25", "--data-dir", "."], "--dataset grid25 is 2-D points sampled in memory: leave it out"),
     (["--batch-size", "64", "--data-limit", "10"], "smaller than --batch-size"),
+    # its sample grids became images of the folder: the run's --resume, and evaluate.py, then
+    # said the data held "both class folders and loose images"
+    (["--dataset", "folder", "--data-dir", "/data/faces", "--out", "/data/faces/run"],
+     "--out /data/faces/run lies inside --data-dir /data/faces, whose images --dataset folder reads"),
+    (["--dataset", "folder", "--data-dir", "."], r"the default run folder \(runs/ here\) lies inside --data-dir /"),
 ])
 def test_inconsistent_flags_raise_usage_errors(argv, message):
     with pytest.raises(UsageError, match=message):
         parse(*argv)
+
+
+def test_a_run_folder_beside_its_image_folder_is_taken():
+    cfg = parse("--dataset", "folder", "--data-dir", "/data/faces", "--out", "/data/faces-run")
+    assert cfg.out == "/data/faces-run"
 
 
 def test_amp_picks_bfloat16_on_cpu_and_float16_on_cuda():
