@@ -23,20 +23,20 @@ def describe() -> dict:
     """{'model': ..., 'avx512_bf16': bool|None, 'amx_bf16': bool|None, 'cores': int}; None: unknown."""
     text = _cpuinfo()
     model = platform.processor() or platform.machine()
-    flags: set[str] = set()
-    if text is not None:
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags.update(value.split())
+    flags: set[str] | None = None  # an ARM CPU's /proc/cpuinfo has "Features", no x86 "flags"
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = (flags or set()) | set(value.split())
     return {"model": model, "cores": os.cpu_count(),
-            **{feature: (feature in flags) if text is not None else None for feature in BF16_FEATURES}}
+            **{feature: (feature in flags) if flags is not None else None for feature in BF16_FEATURES}}
 
 
 def native_bf16() -> bool | None:
-    """AVX512-BF16 or AMX: True or False; None where it cannot be told (no /proc/cpuinfo)."""
+    """AVX512-BF16 or AMX: True or False; None where it cannot be told (no /proc/cpuinfo, or
+    one without x86 flags: an ARM CPU, some of which compute bfloat16 natively)."""
     info = describe()
     if info["amx_bf16"] is None:
         return None

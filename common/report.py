@@ -113,12 +113,6 @@ def sample_drift(sides: list[Side], steps: list[int]) -> dict[int, float]:
     return drift
 
 
-# Titles and legends as written: matplotlib reads text between two $ as TeX, and a history key
-# or run label of an edited run ("$\\foo{$") ended the report in its parser's traceback.
-PLAIN_TEXT = {"text.parse_math": False}
-
-
-@plt.rc_context(PLAIN_TEXT)
 def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
     """Rows: matching steps; columns: the runs."""
     fig, axes = plt.subplots(len(steps), len(sides), squeeze=False,
@@ -130,7 +124,7 @@ def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
             axis.set_xticks([])
             axis.set_yticks([])
             if row == 0:
-                axis.set_title(side.label, fontsize=10)
+                axis.set_title(side.label, fontsize=10, parse_math=False)
             if column == 0:
                 axis.set_ylabel(f"step {step}", fontsize=10)
     fig.tight_layout()
@@ -153,7 +147,6 @@ def loss_panels(sides: list[Side]) -> list[str]:
     return names + (["loss_scale"] if scaled else [])
 
 
-@plt.rc_context(PLAIN_TEXT)
 def loss_figure(sides: list[Side], path: Path) -> None:
     """One panel per loss_panels() entry, the runs overlaid; the loss scale on a log axis."""
     panels = loss_panels(sides)
@@ -164,11 +157,15 @@ def loss_figure(sides: list[Side], path: Path) -> None:
             rows = [row for row in side.history if _is_value(row.get(name))]
             axis.plot([row["step"] for row in rows], [row[name] for row in rows],
                       label=side.label, linewidth=1.2)
-        axis.set_title(name)
+        # Titles and legends as written (matplotlib reads the text between two $ as TeX: an
+        # edited run's key "$\foo{$" ended the report in its parser's traceback); the log
+        # axis' tick labels stay TeX, which is how they are drawn as powers of 2.
+        axis.set_title(name, parse_math=False)
         axis.set_xlabel("step")
         if name == "loss_scale":
             axis.set_yscale("log", base=2)
-        axis.legend(fontsize=8)
+        for text in axis.legend(fontsize=8).get_texts():
+            text.set_parse_math(False)
     fig.tight_layout()
     atomic_write(path, lambda file: fig.savefig(file, format="png", dpi=100), durable=False)
     plt.close(fig)

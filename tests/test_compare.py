@@ -187,17 +187,23 @@ def test_loss_panels_are_the_numbers_of_every_row_not_skipped_steps(tmp_path):
     assert (tmp_path / "report" / "losses.png").stat().st_size > 0
 
 
-def test_a_loss_name_or_label_with_dollar_signs_is_drawn_as_written(tmp_path):
+def test_a_loss_name_or_label_with_dollar_signs_is_drawn_as_written(tmp_path, monkeypatch):
     """matplotlib reads text between two $ as TeX: an edited history key "$\\foo{$" ended
-    compare.py in its parser's traceback."""
-    odd = fake_side(tmp_path, "odd", [0], [{"step": 2, "$\\foo{$": 1.0}])
-    plain = fake_side(tmp_path, "plain", [0], [{"step": 2, "$\\foo{$": 0.5}])
+    compare.py in its parser's traceback. Only those texts are plain: the loss scale's log axis
+    labels its ticks in TeX ($\\mathdefault{2^{20}}$), which must still be drawn as powers of 2."""
+    odd = fake_side(tmp_path, "odd", [0], [{"step": 2, "$\\foo{$": 1.0, "loss_scale": 2.0**20}])
+    plain = fake_side(tmp_path, "plain", [0], [{"step": 2, "$\\foo{$": 0.5, "loss_scale": 1.0}])
     odd.label = "$\\bar{$ fp32"
     for side in (odd, plain):
         plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
+    figures = []
+    monkeypatch.setattr(report.plt, "close", figures.append)
     report.write_report([odd, plain], tmp_path / "report", "t", "cmd")
     assert (tmp_path / "report" / "losses.png").stat().st_size > 0
-    assert (tmp_path / "report" / "samples.png").stat().st_size > 0
+    texts = {text.get_text(): text for figure in figures for text in figure.findobj(plt.Text)}
+    assert not texts["$\\foo{$"].get_parse_math() and not texts["$\\bar{$ fp32"].get_parse_math()
+    ticks = [text for text in texts.values() if "mathdefault" in text.get_text()]
+    assert ticks and all(text.get_parse_math() for text in ticks)
 
 
 def test_the_report_gives_the_second_runs_step_time_as_a_multiple_of_the_firsts(tmp_path):
@@ -528,6 +534,7 @@ def test_make_demo_trains_into_its_own_folder_and_replaces_no_run():
     ("model name\t: Intel Xeon\nflags\t\t: avx2 avx512_bf16\n", "--amp"),
     ("model name\t: Intel Xeon\nflags\t\t: avx2 amx_bf16 amx_tile\n", "--amp"),
     (None, ""),  # no /proc/cpuinfo (macOS): an Intel Mac would emulate it, 11.6x slower
+    ("processor\t: 0\nFeatures\t: fp asimd bf16\n", ""),  # ARM: no x86 flags to tell by
 ])
 def test_make_demo_trains_under_amp_only_where_bfloat16_is_known_native(cpuinfo, flag, monkeypatch):
     """The demo once ran --amp wherever the CPU could not be told; the emulation warning
@@ -537,7 +544,9 @@ def test_make_demo_trains_under_amp_only_where_bfloat16_is_known_native(cpuinfo,
 
     monkeypatch.setattr(cpu, "_cpuinfo", lambda: cpuinfo)
     assert cpu.demo_precision_flag() == flag
-    assert cpu.has_native_bf16() is (flag == "--amp" or cpuinfo is None)
+    unknown = cpuinfo is None or "Features" in cpuinfo
+    assert cpu.has_native_bf16() is (flag == "--amp" or unknown)  # the emulation warning speaks only when sure
+    assert cpu.describe()["amx_bf16"] is (None if unknown else "amx_bf16" in cpuinfo)
     monkeypatch.undo()
     root = Path(__file__).resolve().parents[1]
     planned = subprocess.run(["make", "--dry-run", "--always-make", "demo", f"PY={sys.executable}"],
