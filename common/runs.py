@@ -47,6 +47,12 @@ FOLDER_ENTRY = {"samples": re.compile(r"step_\d{6,}(_recon)?\.png|\.step_\d{6,}(
 BATCH_STREAM = 11  # numpy stream for the batch order, apart from the fixed noise's
 
 
+def _new_file(name, flags: int) -> int:
+    """open()'s opener for a file that must not exist yet: never written through a link,
+    whose target, outside the folder, would get the bytes."""
+    return os.open(name, flags | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+
+
 def atomic_write(path: Path, write, durable: bool = True) -> None:
     """Write through `write(file)` to a temporary file, then rename over `path`.
 
@@ -56,16 +62,18 @@ def atomic_write(path: Path, write, durable: bool = True) -> None:
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    # A new file, never through a link left at that name (a run folder from elsewhere): the
-    # write would land in the file it points to.
-    tmp.unlink(missing_ok=True)
+    tmp.unlink(missing_ok=True)  # a link left at that name (a run folder from elsewhere) included
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as file:
+        with open(tmp, "wb", opener=_new_file) as file:
             write(file)
             if durable:
                 file.flush()
                 os.fsync(file.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        if not error.filename:  # a failed write (a full disk) names no file: the one asked for
+            error.filename = str(path)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -581,7 +589,7 @@ class RunFolder:
         try:  # never appended through a link (to a file outside the run)
             fd = os.open(self.history_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as error:
-            if error.errno == errno.ELOOP:
+            if error.errno in (errno.ELOOP, errno.EMLINK):  # Linux and macOS, FreeBSD
                 raise UserError(f"{self.history_file} is a link; a run's history is a file of its own: "
                                 "remove the link") from None
             raise

@@ -402,6 +402,8 @@ PT_EDITS = {
                    "optimizers/generator/param_groups/0/lr is 1e+39, this run's "),
     "maximize": (lambda s: s["optimizers"]["generator"]["param_groups"][0].__setitem__("maximize", True),
                  "param_groups/0/maximize is True, this run's False"),
+    "lr removed": (lambda s: s["optimizers"]["generator"]["param_groups"][0].pop("lr"),
+                   "optimizers/generator/param_groups/0 has no 'lr'"),
     "moment misshapen": (first_moment, "optimizers/generator/state/0/exp_avg is (3, 5)"),
     # a network changed since the run was trained: load_state_dict's first line named nothing
     "a weight missing": (lambda s: s["modules"]["generator"].popitem(), "modules/generator has 7 tensors, the model 8"),
@@ -574,7 +576,7 @@ NPZ_EDITS = {
                           "optimizer/generator/0000 holds a negative count"),
     # Adam's variables: iterations, then the rate, which trained on to NaN (exit 0)
     "learning rate another": (lambda a: a.__setitem__("optimizer/generator/0001", np.array(3e38, np.float32)),
-                              "does not fit this run: optimizer/generator/0001, a learning rate, is 3e+38, "
+                              "does not fit this model: optimizer/generator/0001, a learning rate, is 3e+38, "
                               "this run's 0.0002"),
 }
 
@@ -747,6 +749,23 @@ def test_a_rename_onto_a_folder_names_the_file_asked_for_not_the_temporary_one(t
         atomic_write(tmp_path / "table.md", lambda f: f.write(b"x"))
     assert file_system_problem(raised.value) == f"{tmp_path / 'table.md'}: Is a directory"
     assert [p.name for p in tmp_path.iterdir()] == ["table.md"]  # the temporary file gone too
+
+
+def test_a_full_disk_while_writing_names_the_file_asked_for(tmp_path):
+    """The write itself names no file; the temporary one beside it is not the user's."""
+    import errno
+
+    from common.errors import file_system_problem
+    from common.runs import atomic_write
+
+    def full(file):
+        file.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError) as raised:
+        atomic_write(tmp_path / "table.md", full)
+    assert file_system_problem(raised.value) == f"{tmp_path / 'table.md'}: No space left on device"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_no_file_of_a_run_is_written_through_a_link_left_in_its_folder(tmp_path):

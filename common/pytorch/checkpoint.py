@@ -185,6 +185,10 @@ def check_same_settings(saved_groups: list, live_groups: list, where: str) -> No
     its state, a rate of 1e39) trained on to a traceback or in silence. A ValueError naming the
     first that differs."""
     for index, (saved, live) in enumerate(zip(saved_groups, live_groups)):
+        # the update's own settings, which every torch version saves (step() raised a KeyError
+        # without them); keys other versions add or lack are compared only where both hold them
+        if missing := sorted({"lr", "betas", "eps", "weight_decay"} - saved.keys()):
+            raise ValueError(f"{where}/{index} has no {missing[0]!r}")
         for key in sorted(saved.keys() & live.keys() - {"params", *IMPLEMENTATION_OPTIONS}):
             as_saved, as_live = (list(value) if isinstance(value, (list, tuple)) else value
                                  for value in (saved[key], live[key]))

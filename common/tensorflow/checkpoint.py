@@ -114,8 +114,11 @@ class Checkpoints:
                 # one (3e38) trained on to NaN, as the PyTorch twin's param groups are checked
                 if group.startswith("optimizer/") and variable.name == "learning_rate" \
                         and not np.array_equal(value, live := variable.numpy()):
-                    raise CheckpointError(f"checkpoint {path} does not fit this run: {key}, a learning rate, "
-                                          f"is {value.item():g}, this run's {live.item():g}")
+                    shown, run = (f"{value.item():g}", f"{live.item():g}")
+                    if shown == run:  # apart in digits :g leaves out
+                        shown, run = repr(value.item()), repr(live.item())
+                    raise CheckpointError(f"checkpoint {path} does not fit this model: {key}, a learning rate, "
+                                          f"is {shown}, this run's {run}")
                 variable.assign(value)
         for optimizer in self.trainer.optimizers.values():
             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
