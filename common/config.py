@@ -364,15 +364,26 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError(f"--dataset {cfg.dataset} needs --data-dir (no embedded copy)")
     if cfg.out and (problem := flags.output_problem(Path(cfg.out), folder=True)):
         raise UsageError(f"--out: {problem}")
-    if cfg.dataset == "folder" and cfg.data_dir:  # it reads every image under --data-dir
-        out = Path(cfg.out or "runs")
-        if Path(flags.absolute(str(out))).resolve().is_relative_to(Path(flags.absolute(cfg.data_dir)).resolve()):
-            where = f"--out {out}" if cfg.out else "the default run folder (runs/ here)"
-            raise UsageError(f"{where} lies inside --data-dir {cfg.data_dir}, whose images --dataset folder "
-                             "reads: the run's sample grids would become data; give an --out outside it")
+    if cfg.dataset == "folder" and cfg.data_dir and (inside := run_folder_inside_data(cfg)):
+        where = f"--out {cfg.out}" if cfg.out else f"the default run folder ({inside}/...)"
+        raise UsageError(f"{where} lies inside --data-dir {cfg.data_dir}, whose every visible folder --dataset "
+                         "folder reads as a class: the run would become data; give an --out outside it "
+                         "(a run already there: move it out first)")
     if cfg.data_limit is not None and cfg.data_limit < cfg.batch_size:
         raise UsageError(f"--data-limit {cfg.data_limit} is smaller than --batch-size "
                          f"{cfg.batch_size}: not one full batch")
+
+
+def run_folder_inside_data(cfg: RunConfig) -> str | None:
+    """The run folder (--out, or runs/<model> of the default) where it lies inside --dataset
+    folder's --data-dir, below a visible entry of it: one that data.py reads as a class folder
+    (a hidden one, .runs/, it skips). None elsewhere, or where the paths cannot be resolved."""
+    out = Path(cfg.out) if cfg.out else Path("runs") / cfg.model
+    try:
+        below = Path(flags.absolute(str(out))).resolve().relative_to(Path(flags.absolute(cfg.data_dir)).resolve())
+    except (ValueError, OSError, RuntimeError):  # not inside it; RuntimeError: a link loop (Python 3.11)
+        return None
+    return str(out) if not below.parts or not below.parts[0].startswith(".") else None
 
 
 def resolve_precision(cfg: RunConfig, device_type: str, bf16_supported: bool = True) -> str:

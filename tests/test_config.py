@@ -97,17 +97,19 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
     # its sample grids became images of the folder: the run's --resume, and evaluate.py, then
     # said the data held "both class folders and loose images"
     (["--dataset", "folder", "--data-dir", "/data/faces", "--out", "/data/faces/run"],
-     "--out /data/faces/run lies inside --data-dir /data/faces, whose images --dataset folder reads"),
-    (["--dataset", "folder", "--data-dir", "."], r"the default run folder \(runs/ here\) lies inside --data-dir /"),
+     "--out /data/faces/run lies inside --data-dir /data/faces, whose every visible folder --dataset folder reads"),
+    (["--dataset", "folder", "--data-dir", "."], r"the default run folder \(runs/vanilla_gan/...\) lies inside "),
+    (["--dataset", "folder", "--data-dir", "runs/vanilla_gan"], r"the default run folder \(runs/vanilla_gan/...\)"),
 ])
 def test_inconsistent_flags_raise_usage_errors(argv, message):
     with pytest.raises(UsageError, match=message):
         parse(*argv)
 
 
-def test_a_run_folder_beside_its_image_folder_is_taken():
-    cfg = parse("--dataset", "folder", "--data-dir", "/data/faces", "--out", "/data/faces-run")
-    assert cfg.out == "/data/faces-run"
+def test_a_run_folder_beside_its_image_folder_or_in_a_hidden_folder_of_it_is_taken():
+    """Beside it, or below a hidden entry (.runs/), which the folder dataset skips."""
+    for out in ("/data/faces-run", "/data/faces/.runs/gan"):
+        assert parse("--dataset", "folder", "--data-dir", "/data/faces", "--out", out).out == out
 
 
 def test_amp_picks_bfloat16_on_cpu_and_float16_on_cuda():
