@@ -56,7 +56,7 @@ def test_short_run_writes_the_run_folder(framework, amp, tmp_path):
         f"step_000004.{suffix}", f"step_000006.{suffix}"]  # the last two are kept
     saved = json.loads((out / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))
-    assert saved["median_step_ms"] > 0 and saved["samples_per_s"] > 0
+    assert saved["median_step_ms"] > 0 and saved["samples_per_s"] == pytest.approx(32 * 1000 / saved["median_step_ms"])
     assert saved["peak_memory_mb"] > 0 and saved["step"] == 6
     assert saved["cpu"] == cpu.describe()  # model name, cores, avx512_bf16, amx_bf16
     assert saved["gpu"] is None  # a CPU run (the CUDA tests check a GPU's name)
@@ -814,6 +814,14 @@ def test_a_dataset_smaller_than_a_batch_is_one_clear_error(tmp_path, capsys):
     write_png_folder(tmp_path / "images", 3)
     expect_exit(1, "fewer than --batch-size 32", capsys, "pytorch", tmp_path / "run",
                 "--dataset", "folder", "--data-dir", str(tmp_path / "images"))
+
+
+def test_a_dataset_of_exactly_one_batch_trains_a_batch_an_epoch(tmp_path, capsys):
+    write_png_folder(tmp_path / "images", 8, size=(8, 8))
+    flags = ["--dataset", "folder", "--data-dir", str(tmp_path / "images"), "--batch-size"]
+    assert train("pytorch", tmp_path / "run", *flags, "8", "--iters", "3")["step"] == 3
+    expect_exit(1, "has 8 examples, fewer than --batch-size 9", capsys, "pytorch", tmp_path / "other",
+                *flags, "9", "--iters", "3")
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
