@@ -50,6 +50,17 @@ def test_twins_compute_the_same_function_in_float32(model, shape):
         assert row["max_abs"] <= parity.FLOAT32_TARGET, row
 
 
+def test_parity_measures_the_worst_difference_and_fails_above_the_target(monkeypatch, capsys):
+    """The largest difference, not a mean (one element off by 1 in four is 1, not 0.25), and
+    parity.py exits 1 when a float32 row is over the target: here the twins keep their own
+    initialisations, as if the porting had been left out."""
+    assert parity.compare([np.array([0.0, 0.0, 0.0, 1.0])], [np.array([0.0, 0.0, 0.0, 4.0])]) == (3.0, 0.75)
+    assert parity.compare([np.array([0.0, 0.0, 0.0, 1.0])], [np.zeros(4)])[0] == 1.0
+    monkeypatch.setattr(parity, "torch_to_keras", lambda *args: None)
+    assert parity.main(["--model", "vanilla_gan"]) == 1
+    assert f"float32 rows above {parity.FLOAT32_TARGET:g}" in capsys.readouterr().err
+
+
 def test_amp_differences_are_reported_not_hidden():
     shape = (28, 28, 1)
     images = np.random.default_rng(1).uniform(0, 1, (parity.BATCH, *shape)).astype(np.float32)
