@@ -4,6 +4,7 @@ monitor records skipped steps, warns about a low loss scale and stops a run whos
 inf/NaN (with a checkpoint)."""
 import json
 import math
+import os
 import subprocess
 import warnings
 from pathlib import Path
@@ -480,12 +481,14 @@ class FakeScripts:
 
     def __init__(self, monkeypatch, step_ms=lambda command, call: 10.0, device="cpu"):
         self.commands, self.step_ms, self.real_run, self.device = [], step_ms, subprocess.run, device
+        self.environments = []  # each command's env=
         monkeypatch.setattr(subprocess, "run", self)
 
     def __call__(self, command, **kwargs):
         if "--out" not in command:  # not a model script: platform.platform() asking uname
             return self.real_run(command, **kwargs)
         self.commands.append(command)
+        self.environments.append(kwargs.get("env"))
         out = Path(kwargs.get("cwd") or ".") / command[command.index("--out") + 1]  # where the script would write
         out.mkdir(parents=True, exist_ok=True)
         step_ms = self.step_ms(command, len(self.commands))
@@ -765,6 +768,30 @@ def test_benchmark_replica_rows_run_torchrun_and_mirrored_and_give_the_scaling(t
     assert "vanilla_gan tensorflow fp32 x2" in capsys.readouterr().out
 
 
+def test_benchmark_runs_every_row_one_thread_per_replica_only_under_replicas(tmp_path, monkeypatch):
+    """Under --replicas both rows, one replica and N, run one thread per process (PyTorch's
+    OMP_NUM_THREADS, TensorFlow's intra-op pool), so "scaling" compares like with like: with
+    all cores each, N processes fought over them and the scaling read far below 100%. Without
+    --replicas the scripts keep the threads they would have."""
+    from scripts import benchmark
+
+    for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    scripts = FakeScripts(monkeypatch)
+    common = ["--models", "vanilla_gan", "--precisions", "fp32", "--iters", "4", "--log-every", "2"]
+    assert benchmark.main([*common, "--replicas", "2", "--out", str(tmp_path / "replicas")]) == 0
+    assert len(scripts.commands) == 4  # each framework, one replica and two
+    for command, env in zip(scripts.commands, scripts.environments):
+        assert env["OMP_NUM_THREADS"] == "1" and env["TF_NUM_INTRAOP_THREADS"] == "1", command
+        assert env["PATH"] == os.environ["PATH"]  # the rest of the environment is handed on
+    scripts.commands.clear()
+    scripts.environments.clear()
+    assert benchmark.main([*common, "--out", str(tmp_path / "alone")]) == 0
+    assert len(scripts.environments) == 2
+    for env in scripts.environments:
+        assert env is None or ("OMP_NUM_THREADS" not in env and "TF_NUM_INTRAOP_THREADS" not in env)
+
+
 def test_xla_compiles_the_tensorflow_step_and_is_refused_by_pytorch(tmp_path, capsys, monkeypatch):
     import keras
 
@@ -978,6 +1005,22 @@ def test_bf16_rounding_script_measures_both_frameworks_casts_as_rounded_to_neare
         with pytest.raises(SystemExit) as exit_info:
             bf16_rounding.main(flags)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_every_op_of_the_rounding_table_rounds_its_result_to_bfloat16(framework):
+    """Each row of the ops table measures a bfloat16 result: its error is bfloat16's (~1e-3 of
+    the result's size), never float32's (~1e-8). A row computed in float32 (autocast off for
+    "matmul under autocast") would read "to nearest" all the same, and claim a rounding
+    nothing did."""
+    from scripts import bf16_rounding
+
+    rows = bf16_rounding.measure(framework, *bf16_rounding.sample_pairs(5000))
+    assert len(rows) == (5 if framework == "pytorch" else 6)
+    if framework == "pytorch":
+        assert rows[-1]["op"] == "matmul under autocast"
+    for row in rows:
+        assert 1e-4 < row["error"] < 1e-2, row
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])

@@ -273,3 +273,40 @@ def test_mlp_gan_discriminators_on_points_compute_the_same_function_in_both_fram
     points = np.random.default_rng(2).normal(size=(8, 2)).astype(np.float32)
     expected = torch_d(torch.from_numpy(points)).detach().numpy()
     np.testing.assert_allclose(np.asarray(keras_d(points, training=False)), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_dcgan_initialises_kernels_at_the_paper_std_and_batch_norm_scale_near_one(framework):
+    """Convolution and transposed-convolution kernels ~ N(0, hparams.INIT_STD), batch-norm scale
+    ~ N(1, INIT_STD) and shift 0. A kernel std off by a factor (0.01 instead of 0.02) trains, but
+    not the DCGAN the FIDs in hparams.py were measured on; nothing else would notice."""
+    std = dcgan_hparams.INIT_STD
+    if framework == "pytorch":
+        torch.manual_seed(0)
+        networks = dcgan_pytorch.build_networks((1, 28, 28), 32)
+        kernels, gammas, betas = [], [], []
+        for network in networks.values():
+            for layer in network.modules():
+                if isinstance(layer, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)):
+                    kernels.append(layer.weight.detach().numpy())
+                elif isinstance(layer, torch.nn.BatchNorm2d):
+                    gammas.append(layer.weight.detach().numpy())
+                    betas.append(layer.bias.detach().numpy())
+    else:
+        import keras
+
+        keras.utils.set_random_seed(0)
+        networks = dcgan_tensorflow.build_networks((28, 28, 1), 32)
+        kernels = [np.asarray(w) for n in networks.values() for w in n.weights if "kernel" in w.path]
+        gammas = [np.asarray(w) for n in networks.values() for w in n.weights if "gamma" in w.path]
+        betas = [np.asarray(w) for n in networks.values() for w in n.weights if "beta" in w.path]
+    # G: 2 transposed, 2 refining 3x3, 1 output (4 batch norms); D: 2 strided, 2 refining 3x3,
+    # 1 output (3 batch norms: none on the input).
+    assert len(kernels) == 10 and len(gammas) == len(betas) == 7
+    for kernel in kernels:  # each layer's own draw, not only their pool
+        assert abs(kernel.mean()) < 0.1 * std and abs(kernel.std() / std - 1) < 0.1, kernel.shape
+    pooled = np.concatenate([k.ravel() for k in kernels])
+    assert abs(pooled.mean()) < 0.01 * std and abs(pooled.std() / std - 1) < 0.05
+    gamma = np.concatenate(gammas)
+    assert abs(gamma.mean() - 1) < 0.2 * std and abs(gamma.std() / std - 1) < 0.2
+    assert all((beta == 0).all() for beta in betas)

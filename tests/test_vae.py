@@ -369,3 +369,56 @@ def test_the_bounds_score_a_random_draw_of_the_test_images(framework, tmp_path, 
     (images,) = scored
     np.testing.assert_array_equal(images, evaluation.random_subset(test, 50))
     assert not np.array_equal(images, test[:50])
+
+
+def test_pytorch_encode_reads_nhwc_images_as_nchw_without_transposing_them():
+    """Evaluation hands encode NHWC numpy images; it must permute them to (N, C, H, W), not
+    (N, C, W, H): on a square image the latter runs, and encodes every digit mirrored about
+    its diagonal."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    encoder = vae_pytorch.build_networks((1, 28, 28), 16)["encoder"].eval()
+    x = np.zeros((2, 28, 28, 1), np.float32)
+    x[:, :, :14] = 1.0  # the left half white: its transpose is the top half
+    x[1, :3] = 0.5
+    vae = SimpleNamespace(encoder=encoder, device=torch.device("cpu"))
+    with torch.no_grad():  # as the session runs it
+        mean, logvar = vae_pytorch.VAE.encode(vae, x)
+        expected_mean, expected_logvar = encoder(torch.from_numpy(x).permute(0, 3, 1, 2))
+    np.testing.assert_allclose(mean, expected_mean.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(logvar, expected_logvar.numpy(), rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # and the transpose would have encoded something else
+        transposed, _ = encoder(torch.from_numpy(x).permute(0, 3, 2, 1))
+    assert np.abs(transposed.numpy() - mean).max() > 1e-3
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_reconstruction_grid_decodes_the_posterior_means_of_its_test_images(framework, tmp_path, monkeypatch):
+    """The grid's reconstructions are sigmoid(decoder(encoder's mean)) of the originals shown
+    above them, at the weights of that step: decoding the fixed prior noise instead draws
+    samples there, which look like digits too and no test would otherwise tell apart."""
+    script = SCRIPTS[framework]
+    saved, checked = [], []
+    save_recon, write_samples = sampling.save_reconstruction_grid, script.VAE.write_samples
+
+    def recorded(originals, reconstructions, path, *args, **kwargs):
+        saved.append((originals, reconstructions))
+        save_recon(originals, reconstructions, path, *args, **kwargs)
+
+    def write_and_check(self, run, step):
+        write_samples(self, run, step)
+        originals, reconstructions = saved[-1]
+        with torch.no_grad():
+            mean, _ = self.encode(originals)
+            logits = self.decode_logits(mean).reshape(reconstructions.shape)
+        np.testing.assert_allclose(reconstructions, 1 / (1 + np.exp(-logits)), atol=1e-5)
+        checked.append(step)
+
+    monkeypatch.setattr(sampling, "save_reconstruction_grid", recorded)
+    monkeypatch.setattr(script.VAE, "write_samples", write_and_check)
+    train(framework, tmp_path / "run", "--iters", "2", "--sample-every", "2", "--checkpoint-every", "0")
+    assert checked == [0, 2]
+    originals = saved[0][0]
+    assert originals.shape == (hparams.RECONSTRUCTION_COUNT, 28, 28, 1)
+    np.testing.assert_allclose(originals[0, :, :, 0], embedded_mnist("test")[0][0, :, :, 0] / 255.0, atol=1e-6)
