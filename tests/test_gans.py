@@ -174,6 +174,31 @@ def test_vanilla_gan_and_lsgan_share_one_training_step(framework, monkeypatch, t
     assert {script.__name__ for script in scripts} == set(seen)
 
 
+def test_vanilla_gan_losses_are_the_non_saturating_ones():
+    """D: -log sigmoid(real) - log(1 - sigmoid(fake)), G: -log sigmoid(fake) (the
+    non-saturating loss DCGAN shares), means over the batch, in both frameworks: the twins'
+    test compares them with each other, so a target flipped in both went unseen. With
+    softplus(x) = log(1 + e^x): D = mean softplus(-real) + mean softplus(fake), G = mean
+    softplus(-fake); G pulling fake scores down instead would be mean softplus(fake)."""
+    import tensorflow as tf
+
+    def softplus(x):
+        return np.logaddexp(0.0, x.astype(np.float64))
+
+    real, fake = np.array([[2.0], [0.5]], np.float32), np.array([[-1.0], [1.5]], np.float32)
+    expected_d = softplus(-real).mean() + softplus(fake).mean()  # 0.5735 + 1.0073
+    expected_g = softplus(-fake).mean()  # 0.7573 (fake scores pulled down: 1.0073)
+    for module, to_tensor in ((gan_pytorch, torch.from_numpy), (gan_tensorflow, tf.constant)):
+        d_loss = module.discriminator_loss(to_tensor(real), to_tensor(fake))
+        assert float(d_loss) == pytest.approx(expected_d, rel=1e-6)
+        assert float(module.generator_loss(to_tensor(fake))) == pytest.approx(expected_g, rel=1e-6)
+    # DCGAN trains with these very functions
+    assert dcgan_pytorch.generator_loss is gan_pytorch.generator_loss
+    assert dcgan_tensorflow.generator_loss is gan_tensorflow.generator_loss
+    assert dcgan_pytorch.discriminator_loss is gan_pytorch.discriminator_loss
+    assert dcgan_tensorflow.discriminator_loss is gan_tensorflow.discriminator_loss
+
+
 def test_lsgan_losses_are_the_least_squares_ones():
     """D pulls real scores to 1 and fake ones to 0, G pulls fake scores to 1. No set of scores
     mirrors itself or the other about 0.5 (with real = [1, 0] and fake = [0, 1], D's loss with
