@@ -926,14 +926,17 @@ def test_embedded_mnist_labels_above_9_are_reported(tmp_path, monkeypatch):
     """A CSV of the right shape whose labels run past 9 (a bit flipped in a damaged install):
     refused by name, not cached and handed to the feature net's loss, whose traceback was all
     the user saw."""
-    package = tmp_path / "fake_mnist_package"
+    import sys
+
+    package = tmp_path / "mnist_package_of_bad_labels"  # a name of its own: another test's is in sys.modules
     (package / "data").mkdir(parents=True)
     (package / "__init__.py").write_text("")
+    monkeypatch.delitem(sys.modules, package.name, raising=False)
     rows = "\n".join(",".join([label] + ["0"] * 784) for label in ("3", "9", "10", "0"))
     (package / "data" / "mnist_test.csv").write_text("label," + ",".join(["p"] * 784) + "\n" + rows + "\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("AMPGEN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "_EMBEDDED_MNIST_PACKAGE", "fake_mnist_package")
+    monkeypatch.setattr(data, "_EMBEDDED_MNIST_PACKAGE", package.name)
     monkeypatch.setitem(data._EMBEDDED_MNIST_SIZES, "test", 4)
     with data_error("mnist_test.csv", "labels above 9", "reinstall"):
         embedded_mnist("test")
