@@ -44,19 +44,23 @@ def integer(text: str) -> int:
 MAX_COUNT = 2**63 - 1
 
 
-def positive_int(text: str) -> int:
+def bounded_int(text: str) -> int:
+    """An integer no larger than MAX_COUNT (its sign is the caller's to check)."""
     value = integer(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     if value > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"must be at most 2**63 - 1, got {text}")
     return value
 
 
+def positive_int(text: str) -> int:
+    value = bounded_int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
-    value = integer(text)
-    if value > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"must be at most 2**63 - 1, got {text}")
+    value = bounded_int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive integer, got {text}")
     return value
