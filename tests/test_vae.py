@@ -422,3 +422,25 @@ def test_reconstruction_grid_decodes_the_posterior_means_of_its_test_images(fram
     originals = saved[0][0]
     assert originals.shape == (hparams.RECONSTRUCTION_COUNT, 28, 28, 1)
     np.testing.assert_allclose(originals[0, :, :, 0], embedded_mnist("test")[0][0, :, :, 0] / 255.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_decode_logits_are_flattened_in_the_pixel_order_of_the_images_they_score(framework):
+    """The bounds score flattened NHWC images against decode_logits(z), pixel by pixel; on RGB
+    data PyTorch's NCHW logits flattened as they are would put every red logit against
+    R, G, B, R, ... pixels: MNIST's single channel cannot tell the two orders apart."""
+    from types import SimpleNamespace
+
+    z = np.random.default_rng(0).standard_normal((4, hparams.LATENT)).astype(np.float32)
+    if framework == "pytorch":
+        torch.manual_seed(0)
+        decoder = vae_pytorch.build_networks((3, 5, 7), 16)["decoder"].eval()
+        vae = SimpleNamespace(decoder=decoder, device=torch.device("cpu"))
+    else:
+        vae = SimpleNamespace(decoder=vae_tensorflow.build_networks((5, 7, 3), 16)["decoder"])
+    with torch.no_grad():
+        logits = SCRIPTS[framework].VAE.decode_logits(vae, z)
+        images = SCRIPTS[framework].VAE.sample(vae, z)
+    assert images.shape == (4, 5, 7, 3) and logits.shape == (4, 5 * 7 * 3)
+    np.testing.assert_allclose(1 / (1 + np.exp(-logits)), images.reshape(4, -1), rtol=1e-5, atol=1e-6)
+    assert np.abs(images[..., 0] - images[..., 1]).max() > 1e-3  # the channels differ: the order shows
