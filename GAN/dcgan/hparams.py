@@ -8,7 +8,7 @@ between 1x1 and k x k. (k=3 or 5 with stride 2 does not match: TF pads bottom/ri
 Z_DIM = 100
 # The width (--width): channels of G's last hidden layer and D's first, doubled at each lower
 # resolution (ngf = ndf of the PyTorch DCGAN example). The example uses 64 for 64x64 images on
-# a GPU; 32 is plenty for MNIST and makes a CPU step ~4x cheaper.
+# a GPU; 32 is plenty for MNIST and a quarter of 64's FLOPs (64 took 2.5x the CPU step time, README).
 WIDTH = 32
 # 3x3 convolutions (stride 1, batch norm, then G's ReLU or D's LeakyReLU) after each hidden
 # layer of G and of D, at its resolution. DCGAN's G has one transposed convolution per
