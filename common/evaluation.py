@@ -224,10 +224,13 @@ def check_evaluable(folder: Path) -> None:
         raise UserError(f"{folder} stopped at step {summary['step']} ({summary['stopped']}): it has no "
                         "trained model to evaluate; continue it with --resume (and a lower --lr)")
     latest = run.latest_checkpoint()
-    if latest is None or latest[0] != summary["step"]:
+    if latest is None:  # a finished run writes one at its last step: these were deleted
+        raise UserError(f"{folder} has no checkpoint left (its summary is at step {summary['step']}): "
+                        "there is no trained model to reopen; train it again")
+    if latest[0] != summary["step"]:
         raise UserError(f"{folder} has no checkpoint at the step of its summary ({summary['step']}; "
-                        f"last checkpoint: {latest[0] if latest else 'none'}), so evaluating it would "
-                        "train it: continue it with --resume first")
+                        f"last checkpoint: {latest[0]}), so evaluating it would train it: continue it "
+                        "with --resume first")
 
 
 def iwae_flags(model: str, iwae_k: int | None) -> list[str]:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, dataset_suffix, parse_args, resolve_precision, run_name
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
-from common.evaluation import sample_count
+from common.evaluation import check_evaluable, sample_count
 from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
 from common.runs import continue_flags, read_json, refuse_inside_a_run, settings_as_today
 
@@ -117,6 +117,10 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         asked = plan.config.evaluate and sample_count(plan.config.dataset, plan.config.evaluate)
         measured = summary.get("metrics") or {}
         if asked and measured.get("samples") != asked:  # --resume with nothing to train measures it
+            try:  # ...only at a checkpoint of the summary's step: else it would train, and rewrite the run
+                check_evaluable(folder)
+            except UserError as error:
+                raise UserError(f"{error}{again}") from None
             print(f"compare: {folder} is not measured on {asked} samples: evaluating it", flush=True)
             return ["--resume"]
         return None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common import cpu, porting, report
-from common.errors import UsageError
+from common.errors import UsageError, UserError
 from GAN.dcgan import dcgan_tensorflow
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from scripts import compare
@@ -447,7 +447,8 @@ def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_
         return compare.Plan("vanilla_gan", "pytorch", False, ["--iters", "4", *TINY, *extra], tmp_path, "cpu")
 
     finished = plan()
-    finished.folder.mkdir(parents=True)
+    (finished.folder / "checkpoints").mkdir(parents=True)
+    (finished.folder / "checkpoints" / "step_000004.pt").touch()
     (finished.folder / "config.json").write_text(json.dumps(finished.expected()))
     (finished.folder / "summary.json").write_text(json.dumps({"step": 4}))
     assert compare.decide(finished, reuse=True, overwrite=False) is None
@@ -455,6 +456,31 @@ def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_
     (finished.folder / "summary.json").write_text(json.dumps({"step": 4, "metrics": {"samples": 200, "fid": 9.0}}))
     assert compare.decide(plan("--evaluate", "200"), reuse=True, overwrite=False) is None
     assert compare.decide(plan("--evaluate", "500"), reuse=True, overwrite=False) == ["--resume"]
+
+
+def test_reuse_with_evaluate_never_measures_a_run_by_training_it_again(tmp_path):
+    """Measuring is a --resume with nothing left to train, which holds only at a checkpoint of
+    the summary's step. A run stopped on inf/NaN losses (its last good checkpoint earlier), or
+    one whose last checkpoint was deleted, was resumed there: its steps trained again, its
+    history and summary rewritten and the "stopped" record lost, where evaluate.py refuses."""
+    def plan(*extra):
+        return compare.Plan("vanilla_gan", "pytorch", False, ["--iters", "2", *TINY, *extra], tmp_path, "cpu")
+
+    run = plan()
+    (run.folder / "checkpoints").mkdir(parents=True)
+    (run.folder / "checkpoints" / "step_000001.pt").touch()
+    (run.folder / "config.json").write_text(json.dumps(run.expected()))
+    (run.folder / "summary.json").write_text(json.dumps({"step": 2, "stopped": "losses inf/NaN since step 2"}))
+    stopped = r"stopped at step 2 \(losses inf/NaN since step 2\).*--overwrite to train it again"
+    with pytest.raises(UserError, match=stopped):
+        compare.decide(plan("--evaluate", "10"), reuse=True, overwrite=False)
+    (run.folder / "summary.json").write_text(json.dumps({"step": 2}))  # its last checkpoint deleted
+    with pytest.raises(UserError, match=r"no checkpoint at the step of its summary \(2; last checkpoint: 1\)"):
+        compare.decide(plan("--evaluate", "10"), reuse=True, overwrite=False)
+    (run.folder / "checkpoints" / "step_000001.pt").unlink()
+    with pytest.raises(UserError, match="has no checkpoint left"):
+        compare.decide(plan("--evaluate", "10"), reuse=True, overwrite=False)
+    assert compare.decide(run, reuse=True, overwrite=False) is None  # unmeasured, it is reused as it is
 
 
 def test_reuse_refuses_to_train_again_over_results_whose_checkpoints_were_deleted(tmp_path):
