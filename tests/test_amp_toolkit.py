@@ -1338,3 +1338,20 @@ def test_ctrl_c_stops_the_benchmark_without_a_table(tmp_path, capsys, monkeypatc
     assert exit_info.value.code == 130 and len(scripts.commands) == 2
     assert err == "error: interrupted: the benchmark stopped at vanilla_gan pytorch amp-bf16; no table was written", err
     assert not (tmp_path / "bench" / "benchmark.md").exists() and not (tmp_path / "bench" / "benchmark.json").exists()
+
+
+def test_full_precision_runs_a_float32_input_in_float32_inside_autocast():
+    """The output layers and the VAE's heads compute in float32 under AMP, whatever their
+    input's dtype: a float32 input inside autocast went to autocast's 16-bit matmul."""
+    import torch
+
+    from common.pytorch.amp import FullPrecision
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 8)
+    x = torch.randn(4, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = FullPrecision(layer)(x)
+        rounded = layer(x)  # what autocast alone computes
+    assert out.dtype == torch.float32 and rounded.dtype == torch.bfloat16
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=0)

@@ -366,3 +366,9 @@ def test_iwae_matches_a_hand_logsumexp():
     expected = math.log((math.exp(-1) + math.exp(-3)) / 2)
     assert metrics.iwae_bound(log_px, zeros, zeros)[0] == pytest.approx(expected, rel=1e-14)
     assert metrics.elbo(log_px, zeros, zeros)[0] == pytest.approx(-2.0)
+
+
+def test_feature_statistics_refuse_a_single_row():
+    """One sample has no sample covariance: np.cov gives NaN, and the FID would be NaN."""
+    with pytest.raises(ValueError, match="N >= 2"):
+        metrics.feature_statistics(np.ones((1, 3)))

@@ -147,3 +147,21 @@ def test_big_endian_weights_load_in_both_twins_with_the_same_values(tmp_path):
                     for a, b in zip(want, got):
                         np.testing.assert_array_equal(a, b)
     assert all(v.dtype.isnative for layers in loaded.values() for _, values in layers for v in values)
+
+
+@pytest.mark.parametrize("model", ["vanilla_gan", "lsgan", "vanilla_vae"])  # DCGAN's and WGAN-GP's have none
+def test_pytorch_dense_layers_start_as_keras_dense_layers_do(model):
+    """Glorot-uniform weights and zero biases in every nn.Linear, Keras' Dense defaults: the
+    twins then start from the same distribution. PyTorch's own default draws the biases
+    uniformly, which the porting and parity tests, handing weights across, never see."""
+    linear_layers = 0
+    for _, make_torch, _, _ in parity.networks(model, SHAPES[0]):
+        torch.manual_seed(0)
+        for layer in make_torch().modules():
+            if isinstance(layer, torch.nn.Linear):
+                linear_layers += 1
+                fan_out, fan_in = layer.weight.shape
+                assert layer.bias is not None and not layer.bias.any(), layer
+                limit = (6 / (fan_in + fan_out)) ** 0.5
+                assert layer.weight.abs().max() <= limit and layer.weight.abs().max() > 0.9 * limit, layer
+    assert linear_layers >= 2, model

@@ -417,6 +417,9 @@ PT_EDITS = {
     "adam step negative": (lambda s: [slot.__setitem__("step", torch.tensor(-1.0))
                                       for slot in s["optimizers"]["generator"]["state"].values()],
                            "optimizers/generator/state/0/step is -1.0, not a count"),
+    "adam step fractional": (lambda s: [slot.__setitem__("step", torch.tensor(2.5))
+                                        for slot in s["optimizers"]["generator"]["state"].values()],
+                             "optimizers/generator/state/0/step is 2.5, not a count"),
     "a moment NaN": (lambda s: s["optimizers"]["generator"]["state"][0]["exp_avg_sq"].fill_(float("nan")),
                      "holds inf/NaN in optimizers/generator/state/0/exp_avg_sq"),
     "a weight inf": (lambda s: next(iter(s["modules"]["generator"].values())).fill_(float("inf")),
@@ -965,3 +968,22 @@ def test_null_losses_read_back_as_nan_and_a_file_with_bare_nan_still_reads(tmp_p
         assert summary["median_step_ms"] is None  # null that means "not measured" stays None
         run.write_summary(summary)
         assert strict((tmp_path / "summary.json").read_text())["final"] == {"d_loss": None}
+
+
+def test_a_fixed_noise_file_of_another_shape_or_dtype_or_a_dangling_link_is_refused(tmp_path, capsys):
+    """The grids of a resumed run come from the noise file it wrote; one of float64 (a user's
+    own np.save), a link to nothing, or one of other rows is refused, not drawn from or drawn
+    again: a dangling link was taken for no file, and the run's grids changed noise mid-run.
+    The first two before training; the rows at the first grid, whose size the trainer knows."""
+    run = tmp_path / "run"
+    train(run)
+    noise = run / "fixed_noise.npy"
+    np.save(noise, np.zeros((64, 100), np.float64))
+    refused(capsys, "not the float32 rows a run writes", run, "--resume", "--iters", "4")
+    noise.unlink()
+    noise.symlink_to(tmp_path / "gone.npy")
+    refused(capsys, "fixed_noise.npy is not a regular file", run, "--resume", "--iters", "4")
+    assert [path.name for path in (run / "checkpoints").iterdir()] == ["step_000002.pt"]  # refused before training
+    noise.unlink()
+    np.save(noise, np.zeros((32, 100), np.float32))
+    refused(capsys, "holds float32(32, 100), expected float32(64, 100)", run, "--resume", "--iters", "4")

@@ -518,3 +518,17 @@ def test_clip_grad_norm_clips_the_global_gradient_of_mirrored_replicas(tmp_path,
         apart = np.sqrt(sum(float(np.sum((a - b) ** 2)) for a, b in zip(alone, together)))
         # measured: 1.4e-7 of the norm in float32; 4.5e-4 in float16, whose rounding differs per replica
         assert apart <= (1e-5 if precision == "fp32" else 2e-3) * norms[0] * (1 - beta1), (network, apart)
+
+
+def test_the_training_noise_draws_a_new_seed_each_call_from_the_run_seed():
+    """Each draw takes the next counted seed: a counter that did not move gave every step the
+    same noise, and resumed bit-exact all the same, so no run-level test saw it."""
+    from common.tensorflow.runtime import Noise
+
+    noise = Noise(3)
+    first, second = noise.normal((4,)).numpy(), noise.uniform((4,)).numpy()
+    assert int(noise.draws.numpy()) == 2
+    assert not np.array_equal(first, noise.normal((4,)).numpy())
+    np.testing.assert_array_equal(Noise(3).normal((4,)).numpy(), first)  # the seed alone decides
+    assert not np.array_equal(Noise(4).normal((4,)).numpy(), first)
+    assert second.min() >= 0 and second.max() < 1

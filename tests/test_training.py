@@ -444,7 +444,8 @@ def test_a_pytorch_checkpoint_holding_code_or_cut_short_says_so_and_runs_nothing
         torch.serialization.set_crc32_options(True)
     assert load_tensors(path)["w"].tolist() == [1.0, 1.0, 1.0]
     for content, why in ((b"PK\x03\x04" + bytes(500), "(cut short or damaged)"),
-                         (b"step 2, all well", "(not a zip file of torch.save's: ")):
+                         (b"step 2, all well", "(not a zip file of torch.save's: "),
+                         (b"xyz", "(not a zip file of torch.save's: ")):  # short, but no zip's start
         path.write_bytes(content)
         with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {path} is unreadable {why}")):
             load_tensors(path)
@@ -840,3 +841,22 @@ def test_a_run_with_stderr_closed_trains_to_the_end(framework, tmp_path):
                             preexec_fn=lambda: os.close(2))
     assert result.returncode == 0 and "done: step 4" in result.stdout, result.stdout[-2000:]
     assert json.loads((out / "summary.json").read_text())["step"] == 4
+
+
+def test_image_grid_holds_a_last_row_that_is_not_full():
+    """3 images in 2 columns make 2 rows, the last one padding: floor division dropped it."""
+    images = np.zeros((3, 4, 4, 1), np.float32)
+    grid = sampling.image_grid(images, columns=2)
+    assert grid.shape == (2 * (4 + 2) + 2, 2 * (4 + 2) + 2, 1)
+    assert grid[8:12, 2:6].max() == 0.0 and grid[8:12, 8:12].min() == 1.0  # image 3, then the white ground
+
+
+def test_colour_grids_clip_values_outside_the_pixel_range(tmp_path):
+    """A G's tanh rounds to 1 and beyond under AMP, a VAE's sigmoid too: matplotlib refuses RGB
+    values outside [0, 1] (grey ones are clamped by vmin/vmax), so the grid clips them."""
+    from PIL import Image
+
+    images = np.stack([np.full((4, 4, 3), 1.5), np.full((4, 4, 3), -2.0)]).astype(np.float32)
+    sampling.save_image_grid(images, tmp_path / "grid.png", value_range=(-1.0, 1.0), columns=2)
+    pixels = np.asarray(Image.open(tmp_path / "grid.png").convert("RGB"))
+    assert (pixels[2:6, 2:6] == 255).all() and (pixels[2:6, 8:12] == 0).all()
