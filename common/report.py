@@ -132,9 +132,15 @@ def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
     plt.close(fig)
 
 
+# Past float32's largest, a value is no loss a run logged (they are float32, inf at most): an
+# edited history's 1e308 and -1e308 on one axis ended the report in matplotlib's traceback.
+LARGEST_LOSS = float(np.finfo(np.float32).max)
+MAX_LOSS_PANELS = 8  # a run logs at most 5 (WGAN-GP's 4 and the loss scale); an edited history's 2,000 took minutes
+
+
 def _is_value(value) -> bool:
     """One number per step, which a curve can show (a list of steps, or a bool, is not)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) > LARGEST_LOSS
 
 
 def loss_panels(sides: list[Side]) -> list[str]:
@@ -149,7 +155,7 @@ def loss_panels(sides: list[Side]) -> list[str]:
 
 def loss_figure(sides: list[Side], path: Path) -> None:
     """One panel per loss_panels() entry, the runs overlaid; the loss scale on a log axis."""
-    panels = loss_panels(sides)
+    panels = loss_panels(sides)[:MAX_LOSS_PANELS]
     fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
                              figsize=(4.5 * max(len(panels), 1), 3.4))
     for axis, name in zip(axes[0], panels):

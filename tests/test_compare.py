@@ -206,6 +206,30 @@ def test_a_loss_name_or_label_with_dollar_signs_is_drawn_as_written(tmp_path, mo
     assert ticks and all(text.get_parse_math() for text in ticks)
 
 
+def test_an_edited_history_of_huge_values_or_many_keys_is_drawn_in_moments(tmp_path, monkeypatch):
+    """Values past float32's largest are no loss a run logged: 1e308 and -1e308 on one axis
+    ended compare.py in matplotlib's traceback ("arange: cannot compute length"). A row of
+    2,000 keys drew 2,000 panels, minutes of work: the figure stops at a few."""
+    huge = fake_side(tmp_path, "huge", [0], [{"step": 1, "d_loss": 1e308}, {"step": 2, "d_loss": -1e308},
+                                             {"step": 3, "d_loss": 3e38}, {"step": 4, "d_loss": -3e38}])
+    wide = fake_side(tmp_path, "wide", [0], [{"step": 1, **{f"k{i}": 1.0 for i in range(2000)}}])
+    for side in (huge, wide):
+        plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
+    assert report.loss_panels([huge]) == ["d_loss"]
+    drawn = []
+    plot = report.plt.Axes.plot
+
+    def recorded(axis, steps, values, **kwargs):
+        drawn.append(list(values))
+        return plot(axis, steps, values, **kwargs)
+
+    monkeypatch.setattr(report.plt.Axes, "plot", recorded)
+    report.write_report([huge, wide], tmp_path / "report", "t", "cmd")
+    assert [3e38, -3e38] in drawn  # the float32 range is drawn, beyond it left out
+    assert len(drawn) == 2 * report.MAX_LOSS_PANELS  # both runs in each of the first panels
+    assert (tmp_path / "report" / "losses.png").stat().st_size > 0
+
+
 def test_the_report_gives_the_second_runs_step_time_as_a_multiple_of_the_firsts(tmp_path):
     """The sentence under the table compares the last run with the first: the ratio the wrong
     way up would call the slower run the faster one."""
