@@ -108,8 +108,12 @@ def one_line(text) -> str:
 def run_folder_around(path: Path) -> Path | None:
     """The run folder that `path` is, or lies inside, if any: where a tool's report, table or
     runs would mix with a run's files (a --result-json named summary.json replaced its own)."""
-    path = Path(os.path.abspath(path))
-    return next((folder for folder in (path, *path.parents) if RunFolder(folder).read_config() is not None), None)
+    found = None
+    # as named, and with its links resolved (a link to a run's samples/ leads inside the run)
+    for named in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
+        found = found or next((folder for folder in (named, *named.parents)
+                               if RunFolder(folder).read_config() is not None), None)
+    return found
 
 
 def refuse_inside_a_run(path: Path, flag: str) -> None:

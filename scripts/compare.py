@@ -229,6 +229,11 @@ def main(argv=None) -> int:
     folder = Path(args.report) if args.report else runs / args.model / name
     refuse_inside_a_run(runs, "--runs")
     refuse_inside_a_run(folder, "--report")
+    for plan in plans:  # a run this command is about to make is no run folder yet
+        planned, asked = Path(os.path.abspath(plan.folder)), Path(os.path.abspath(folder))
+        if asked == planned or planned in asked.parents:
+            raise UsageError(f"--report {folder} is inside the run folder {plan.folder} this command trains "
+                             "into; name a path outside it")
     if problem := output_files_problem(folder, report.REPORT_FILES):
         raise UsageError(f"the report: {problem}")  # now, not after training both runs
     decisions = [decide(plan, args.reuse, args.overwrite) for plan in plans]  # all checks first

@@ -435,6 +435,27 @@ def test_the_tools_write_nothing_inside_a_run_folder(script, flag, below, tmp_pa
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
 
 
+def test_compare_refuses_a_report_inside_a_run_it_is_about_to_train_or_behind_a_link(tmp_path, capsys):
+    """The check of --report ran before the runs existed: a report named inside the run folder
+    this command trains into went in among its files. A link to a run's samples/ was read as
+    the link's own path, outside every run."""
+    from scripts import compare
+
+    planned = compare.Plan("vanilla_gan", "pytorch", False, TINY, tmp_path / "new", "cpu").folder
+    argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "new"), *TINY]
+    assert f"--report {planned}/report is inside the run folder {planned} this command trains into" in \
+        one_line_exit(capsys, lambda: compare.main([*argv, "--report", f"{planned}/report"]), code=2)
+    assert not (tmp_path / "new").exists()  # refused before training
+
+    run = fake_compare_runs(tmp_path / "runs")["pytorch"]
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    (tmp_path / "link").symlink_to(run / "samples")
+    argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]
+    assert f"is inside the run folder {run}" in one_line_exit(
+        capsys, lambda: compare.main([*argv, "--report", str(tmp_path / "link")]), code=2)
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+
+
 @pytest.mark.parametrize("below", ["", "/report"])
 def test_compare_refuses_a_link_to_nothing_for_its_report_folder(below, tmp_path, capsys):
     """Read as no folder there yet, it passed the check and failed ("File exists") after both
