@@ -120,6 +120,9 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
             arrays = datasets.read_npz_arrays(path, keep=lambda key: key.startswith("module/"))
             for name, network in keras_script.build_networks(image_shape_hwc, width).items():
                 keys = sorted(key for key in arrays if key.startswith(f"module/{name}/"))
+                # Keras' set_weights casts what it is given: strings of digits became weights
+                if odd := next((key for key in keys if arrays[key].dtype.kind != "f"), None):
+                    raise ValueError(f"{odd} holds {arrays[odd].dtype.str}, not floating-point weights")
                 network.set_weights([arrays[key] for key in keys])
                 keras_to_torch(network, torch_networks[name], image_shape_hwc)
     except Exception as error:  # unpickling, zip and shape errors have many types; all mean "not these networks"

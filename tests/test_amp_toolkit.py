@@ -1290,6 +1290,15 @@ def test_amp_gradients_refuses_inf_nan_weights_in_one_line_naming_the_weight(fra
     assert f"checkpoint {checkpoint} holds inf/NaN in {name}" in err, err
 
 
+def test_amp_gradients_refuses_a_tensorflow_checkpoint_of_other_than_floats_in_one_line(tmp_path, capsys):
+    """Keras' set_weights casts what it is given: weights saved as strings ("0.0", "-0.") were
+    measured, rounded to their digits, exit 0; the run's own restore refuses the file."""
+    as_text = lambda network, key, value: value.astype("U3")  # noqa: E731
+    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, "tensorflow", as_text)
+    err = amp_gradients_refusal(run, capsys)
+    assert f"checkpoint {checkpoint} does not hold this model's networks" in err and "holds <U3" in err, err
+
+
 def test_amp_gradients_refuses_weights_whose_float32_gradients_disagree_in_one_line(tmp_path, capsys):
     """D's last weights scaled by 1e-36: its output near-constant, the gradients under it
     subnormal, which TensorFlow flushes to 0 and PyTorch keeps. At the initialisation such a
