@@ -215,3 +215,19 @@ def test_mirrored_replicas_skip_together_when_one_replicas_gradients_overflow(tm
     # the next, clean, step is applied alike on both replicas
     assert clean == {"scales": [LOSS_SCALE_INIT / 2] * 2, "updates": [1, 1], "finite": True,
                      "replicas_equal": True, "moved": True}, clean
+
+
+def test_tensorflow_logs_the_smallest_of_its_optimizers_loss_scales():
+    """Keras keeps a scale per optimizer, PyTorch one GradScaler: the history's loss_scale is
+    the smallest, the one an overflow (D's, say) brought down. Runs whose G and D scales stay
+    equal could not tell the smallest from the largest."""
+    import keras
+
+    from common.tensorflow import amp
+
+    discriminator = amp.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=2.0**10)
+    generator = amp.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=2.0**15)
+    for optimizer in (discriminator, generator):
+        optimizer.build([keras.Variable([0.0, 0.0])])  # the scale is a variable of the built optimizer
+    assert amp.loss_scale([generator, discriminator, keras.optimizers.Adam()]) == 2.0**10
+    assert amp.loss_scale([keras.optimizers.Adam()]) == 1.0
