@@ -213,24 +213,25 @@ def rerun_flags(config: dict, step: int, device: str | None = None) -> list[str]
     return [*flags, "--iters", str(step)]
 
 
-def check_evaluable(folder: Path) -> None:
+def check_evaluable(folder: Path, remedy: str | None = None) -> None:
     """The run's script is reopened with --resume up to its summary's step: that trains nothing
     only when the last checkpoint is at that step. A run stopped on inf/NaN losses (its last
     good checkpoint is earlier) or one whose last checkpoint is gone would be retrained there,
-    its history, summary and checkpoints rewritten. One UserError line instead."""
+    its history, summary and checkpoints rewritten. One UserError line instead, ending in
+    `remedy` where the caller has its own (compare.py sets --resume itself)."""
     run = RunFolder(folder)
     _, summary = run.read_finished()
     if "stopped" in summary:
         raise UserError(f"{folder} stopped at step {summary['step']} ({summary['stopped']}): it has no "
-                        "trained model to evaluate; continue it with --resume (and a lower --lr)")
+                        f"trained model to evaluate; {remedy or 'continue it with --resume (and a lower --lr)'}")
     latest = run.latest_checkpoint()
     if latest is None:  # a finished run writes one at its last step: these were deleted
-        raise UserError(f"{folder} has no checkpoint left (its summary is at step {summary['step']}): "
-                        "there is no trained model to reopen; train it again")
+        raise UserError(f"{folder} has no checkpoint left (its summary is at step {summary['step']}): there "
+                        f"is no trained model to reopen; {remedy or 'train it again with --overwrite'}")
     if latest[0] != summary["step"]:
         raise UserError(f"{folder} has no checkpoint at the step of its summary ({summary['step']}; "
-                        f"last checkpoint: {latest[0]}), so evaluating it would train it: continue it "
-                        "with --resume first")
+                        f"last checkpoint: {latest[0]}), so evaluating it would train it; "
+                        f"{remedy or 'continue it with --resume first'}")
 
 
 def iwae_flags(model: str, iwae_k: int | None) -> list[str]:

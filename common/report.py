@@ -132,30 +132,32 @@ def sample_figure(sides: list[Side], steps: list[int], path: Path) -> None:
     plt.close(fig)
 
 
-# Past float32's largest, a value is no loss a run logged (they are float32, inf at most): an
-# edited history's 1e308 and -1e308 on one axis ended the report in matplotlib's traceback.
+# Past float32's largest, a value is no finite loss a run logged (they are float32): an edited
+# history's 1e308 and -1e308 on one axis ended the report in matplotlib's traceback. inf is
+# left out too, as a plot leaves it out.
 LARGEST_LOSS = float(np.finfo(np.float32).max)
 MAX_LOSS_PANELS = 8  # a run logs at most 5 (WGAN-GP's 4 and the loss scale); an edited history's 2,000 took minutes
 
 
 def _is_value(value) -> bool:
-    """One number per step, which a curve can show (a list of steps, or a bool, is not)."""
+    """One number per step, within float32's range, which a curve can show (a list of steps,
+    or a bool, is not)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) > LARGEST_LOSS
 
 
 def loss_panels(sides: list[Side]) -> list[str]:
     """The logged losses, plus the loss scale when any run scaled its loss (float16). Every row
     counts, not only the first: a float16 run adds skipped_at and nonfinite_steps to the rows
-    of the intervals that had such steps."""
+    of the intervals that had such steps. At most MAX_LOSS_PANELS, the loss scale kept."""
     names = list(dict.fromkeys(key for side in sides for row in side.history for key, value in row.items()
                                if key not in NOT_LOSSES and _is_value(value)))
     scaled = any(row.get("loss_scale", 1.0) != 1.0 for side in sides for row in side.history)
-    return names + (["loss_scale"] if scaled else [])
+    return names[:MAX_LOSS_PANELS - scaled] + (["loss_scale"] if scaled else [])
 
 
 def loss_figure(sides: list[Side], path: Path) -> None:
     """One panel per loss_panels() entry, the runs overlaid; the loss scale on a log axis."""
-    panels = loss_panels(sides)[:MAX_LOSS_PANELS]
+    panels = loss_panels(sides)
     fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
                              figsize=(4.5 * max(len(panels), 1), 3.4))
     for axis, name in zip(axes[0], panels):

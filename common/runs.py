@@ -108,12 +108,19 @@ def one_line(text) -> str:
 def run_folder_around(path: Path) -> Path | None:
     """The run folder that `path` is, or lies inside, if any: where a tool's report, table or
     runs would mix with a run's files (a --result-json named summary.json replaced its own)."""
-    found = None
-    # as named, and with its links resolved (a link to a run's samples/ leads inside the run)
-    for named in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
-        found = found or next((folder for folder in (named, *named.parents)
-                               if RunFolder(folder).read_config() is not None), None)
-    return found
+    return next((folder for spelling in spellings(path) for folder in (spelling, *spelling.parents)
+                 if RunFolder(folder).read_config() is not None), None)
+
+
+def spellings(path: Path) -> tuple[Path, ...]:
+    """`path` as named and with its links resolved (a link to a run's samples/ leads inside
+    the run): where a path lies is checked on both."""
+    return tuple(dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))))
+
+
+def lies_within(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or lies inside it, either spelled as named or resolved."""
+    return any(inner == outer or outer in inner.parents for inner in spellings(path) for outer in spellings(folder))
 
 
 def refuse_inside_a_run(path: Path, flag: str) -> None:

@@ -43,7 +43,7 @@ from common.config import AMP_DTYPES, RESUME_KEYS, dataset_suffix, parse_args, r
 from common.errors import UsageError, UserError, exit_on_user_error, run_child
 from common.evaluation import check_evaluable, sample_count
 from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
-from common.runs import continue_flags, read_json, refuse_inside_a_run, settings_as_today
+from common.runs import continue_flags, lies_within, read_json, refuse_inside_a_run, settings_as_today
 
 # compare sets these itself; each with what to use instead
 OWN_FLAGS = {"--out": "use --runs, --reuse or --overwrite", "--resume": "use --runs, --reuse or --overwrite",
@@ -117,10 +117,8 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         asked = plan.config.evaluate and sample_count(plan.config.dataset, plan.config.evaluate)
         measured = summary.get("metrics") or {}
         if asked and measured.get("samples") != asked:  # --resume with nothing to train measures it
-            try:  # ...only at a checkpoint of the summary's step: else it would train, and rewrite the run
-                check_evaluable(folder)
-            except UserError as error:
-                raise UserError(f"{error}{again}") from None
+            # ...only at a checkpoint of the summary's step: else it would train, and rewrite the run
+            check_evaluable(folder, remedy="--overwrite to train it again")
             print(f"compare: {folder} is not measured on {asked} samples: evaluating it", flush=True)
             return ["--resume"]
         return None
@@ -230,10 +228,9 @@ def main(argv=None) -> int:
     refuse_inside_a_run(runs, "--runs")
     refuse_inside_a_run(folder, "--report")
     for plan in plans:  # a run this command is about to make is no run folder yet
-        planned, asked = Path(os.path.abspath(plan.folder)), Path(os.path.abspath(folder))
-        if asked == planned or planned in asked.parents:
-            raise UsageError(f"--report {folder} is inside the run folder {plan.folder} this command trains "
-                             "into; name a path outside it")
+        if lies_within(folder, plan.folder):
+            raise UsageError(f"--report {folder} is, or is inside, the run folder {plan.folder} this command "
+                             "trains into; name a path outside it")
     if problem := output_files_problem(folder, report.REPORT_FILES):
         raise UsageError(f"the report: {problem}")  # now, not after training both runs
     decisions = [decide(plan, args.reuse, args.overwrite) for plan in plans]  # all checks first

@@ -216,6 +216,8 @@ def test_an_edited_history_of_huge_values_or_many_keys_is_drawn_in_moments(tmp_p
     for side in (huge, wide):
         plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
     assert report.loss_panels([huge]) == ["d_loss"]
+    scaled = fake_side(tmp_path, "scaled", [0], [{"step": 1, "loss_scale": 2.0, **{f"k{i}": 1.0 for i in range(20)}}])
+    assert report.loss_panels([scaled])[-2:] == [f"k{report.MAX_LOSS_PANELS - 2}", "loss_scale"]
     drawn = []
     plot = report.plt.Axes.plot
 

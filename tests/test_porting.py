@@ -149,15 +149,22 @@ def test_big_endian_weights_load_in_both_twins_with_the_same_values(tmp_path):
     assert all(v.dtype.isnative for layers in loaded.values() for _, values in layers for v in values)
 
 
-@pytest.mark.parametrize("model", ["vanilla_gan", "lsgan", "vanilla_vae"])  # DCGAN's and WGAN-GP's have none
+@pytest.mark.parametrize("model", ["vanilla_gan", "lsgan", "vanilla_vae", "wgan_gp"])
 def test_pytorch_dense_layers_start_as_keras_dense_layers_do(model):
     """Glorot-uniform weights and zero biases in every nn.Linear, Keras' Dense defaults: the
     twins then start from the same distribution. PyTorch's own default draws the biases
-    uniformly, which the porting and parity tests, handing weights across, never see."""
+    uniformly, which the porting and parity tests, handing weights across, never see.
+    (DCGAN's networks have no Linear layer; WGAN-GP's are its MLPs for the 2-D points.)"""
+    from GAN.wgan_gp import wgan_gp_pytorch
+
+    torch.manual_seed(0)
+    if model == "wgan_gp":
+        networks = wgan_gp_pytorch.build_networks((2,), 8).values()
+    else:
+        networks = [make_torch() for _, make_torch, _, _ in parity.networks(model, SHAPES[0])]
     linear_layers = 0
-    for _, make_torch, _, _ in parity.networks(model, SHAPES[0]):
-        torch.manual_seed(0)
-        for layer in make_torch().modules():
+    for network in networks:
+        for layer in network.modules():
             if isinstance(layer, torch.nn.Linear):
                 linear_layers += 1
                 fan_out, fan_in = layer.weight.shape

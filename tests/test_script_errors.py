@@ -443,9 +443,14 @@ def test_compare_refuses_a_report_inside_a_run_it_is_about_to_train_or_behind_a_
 
     planned = compare.Plan("vanilla_gan", "pytorch", False, TINY, tmp_path / "new", "cpu").folder
     argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "new"), *TINY]
-    assert f"--report {planned}/report is inside the run folder {planned} this command trains into" in \
+    assert f"--report {planned}/report is, or is inside, the run folder {planned} this command trains into" in \
         one_line_exit(capsys, lambda: compare.main([*argv, "--report", f"{planned}/report"]), code=2)
-    assert not (tmp_path / "new").exists()  # refused before training
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new-link").symlink_to(tmp_path / "new")  # --runs through a link, --report as resolved
+    argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "new-link"), *TINY]
+    assert "this command trains into" in one_line_exit(
+        capsys, lambda: compare.main([*argv, "--report", str(planned)]), code=2)
+    assert list((tmp_path / "new").iterdir()) == []  # refused before training
 
     run = fake_compare_runs(tmp_path / "runs")["pytorch"]
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
