@@ -445,7 +445,7 @@ def test_a_pytorch_checkpoint_holding_code_or_cut_short_says_so_and_runs_nothing
     assert load_tensors(path)["w"].tolist() == [1.0, 1.0, 1.0]
     for content, why in ((b"PK\x03\x04" + bytes(500), "(cut short or damaged)"),
                          (b"step 2, all well", "(not a zip file of torch.save's: "),
-                         (b"xyz", "(not a zip file of torch.save's: ")):  # short, but no zip's start
+                         (b"xyz", "(it holds more than tensors")):  # short, but no zip's start: not "cut short"
         path.write_bytes(content)
         with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {path} is unreadable {why}")):
             load_tensors(path)
