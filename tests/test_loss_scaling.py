@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from common.config import LOSS_SCALE_INIT, RunConfig
-from tests.conftest import cuda_param
+from tests.conftest import REPO, cuda_param
 
 
 def make_cfg(framework, device="auto"):
@@ -201,8 +201,6 @@ def test_mirrored_replicas_skip_together_when_one_replicas_gradients_overflow(tm
     import subprocess
     import sys
 
-    from tests.conftest import REPO
-
     probe = tmp_path / "probe.py"
     probe.write_text(ONE_REPLICA_OVERFLOWS)
     result = subprocess.run([sys.executable, str(probe), str(REPO)], cwd=REPO, capture_output=True, text=True,
@@ -231,3 +229,35 @@ def test_tensorflow_logs_the_smallest_of_its_optimizers_loss_scales():
         optimizer.build([keras.Variable([0.0, 0.0])])  # the scale is a variable of the built optimizer
     assert amp.loss_scale([generator, discriminator, keras.optimizers.Adam()]) == 2.0**10
     assert amp.loss_scale([keras.optimizers.Adam()]) == 1.0
+
+
+@pytest.mark.parametrize("model", ["vanilla_gan", "wgan_gp", "vanilla_vae"])  # the GAN step, WGAN-GP's, the VAE's
+def test_tensorflow_float16_steps_scale_every_loss_whose_gradients_they_unscale(model, tmp_path):
+    """apply_gradients divides the gradients by the loss scale, so each loss must go through
+    scale_loss first: one that did not (D's in the GAN step, G's in WGAN-GP's, the VAE's)
+    gave gradients 1/scale of float32's, which Adam's first steps hide (a step is about lr
+    whatever the gradient's size) and no run-level test saw. Adam's moments after one step
+    are the gradients' own: in float16 as large as in float32."""
+    import importlib
+
+    from common import models
+
+    def moments_by_optimizer(precision_flags):
+        out = tmp_path / "-".join(["run", *precision_flags])
+        script = importlib.import_module(str(models.get(model).script("tensorflow").relative_to(REPO))[:-3]
+                                         .replace("/", "."))
+        script.main(["--out", str(out), "--iters", "1", "--batch-size", "10", "--width", "8", "--data-limit", "64",
+                     "--no-tensorboard", "--sample-every", "0", "--seed", "0", *precision_flags])
+        largest = {}
+        with np.load(out / "checkpoints" / "step_000001.npz") as stored:
+            for key in stored.files:
+                if key.startswith("optimizer/") and stored[key].size > 1:  # moments, not counters or scales
+                    name = key.split("/")[1]
+                    largest[name] = max(largest.get(name, 0.0), float(np.abs(stored[key]).max()))
+        return largest
+
+    float32 = moments_by_optimizer([])
+    float16 = moments_by_optimizer(["--amp", "--amp-dtype", "float16", "--init-scale", "1024"])
+    assert float32.keys() == float16.keys() and float32
+    for name in float32:
+        assert 0.5 < float16[name] / float32[name] < 2, (name, float16[name], float32[name])
