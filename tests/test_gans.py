@@ -335,3 +335,41 @@ def test_dcgan_initialises_kernels_at_the_paper_std_and_batch_norm_scale_near_on
     gamma = np.concatenate(gammas)
     assert abs(gamma.mean() - 1) < 0.2 * std and abs(gamma.std() / std - 1) < 0.2
     assert all((beta == 0).all() for beta in betas)
+
+
+@pytest.mark.parametrize("model", ["dcgan", "wgan_gp"])
+def test_the_convolutional_discriminators_score_in_float32_under_amp(model):
+    """D's (the critic's) last layer computes its logit in float32 in both twins, as the MLPs'
+    and the VAE's heads do: the losses take it in float32, and a bfloat16 logit keeps 8 bits."""
+    import keras
+    import tensorflow as tf
+
+    from GAN.wgan_gp import wgan_gp_pytorch, wgan_gp_tensorflow
+
+    torch_script, keras_script = {"dcgan": (dcgan_pytorch, dcgan_tensorflow),
+                                  "wgan_gp": (wgan_gp_pytorch, wgan_gp_tensorflow)}[model]
+    discriminator = torch_script.build_networks((1, 28, 28), 8)["discriminator"]
+    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
+        assert discriminator(torch.rand(2, 1, 28, 28)).dtype == torch.float32
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        discriminator = keras_script.build_networks((28, 28, 1), 8)["discriminator"]
+        assert discriminator(tf.random.uniform((2, 28, 28, 1)), training=False).dtype == tf.float32
+        assert discriminator.layers[-2].compute_dtype == "float32"  # the logit's layer, not a cast after it
+        assert discriminator.layers[1].compute_dtype == "bfloat16"  # the policy is really on
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_dcgan_batch_norm_momentum_and_epsilon_are_pytorchs_in_both_twins():
+    """PyTorch's conventions (momentum 0.1 of the batch, epsilon 1e-5), Keras' momentum written
+    as 1 - 0.1: Keras' own defaults (0.99, 1e-3) would make the twins normalise differently."""
+    import keras
+
+    torch_norms = [layer for network in dcgan_pytorch.build_networks((1, 28, 28), 8).values()
+                   for layer in network.modules() if isinstance(layer, torch.nn.BatchNorm2d)]
+    keras_norms = [layer for network in dcgan_tensorflow.build_networks((28, 28, 1), 8).values()
+                   for layer in network.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(torch_norms) == len(keras_norms) == 7  # G's 4, D's 3
+    assert {(layer.momentum, layer.eps) for layer in torch_norms} == {(0.1, 1e-5)}
+    assert {(round(layer.momentum, 6), layer.epsilon) for layer in keras_norms} == {(0.9, 1e-5)}
