@@ -219,6 +219,10 @@ def test_a_batch_that_does_not_divide_into_packs_is_refused_on_points_only(model
     with pytest.raises(UsageError, match=f"packs of {hparams.POINT_PACK}"):
         parse_args(model, "pytorch", ["--dataset", "ring8", "--batch-size", "63"])
     assert parse_args(model, "pytorch", ["--batch-size", "63"]).batch_size == 63  # MNIST: one by one
+    # among replicas, each one's share must divide into packs too: 6 does into 2s, its halves do not
+    with pytest.raises(UsageError, match=r"does not divide among 2 replicas x packs of 2 samples: use a multiple of 4"):
+        parse_args(model, "tensorflow", ["--dataset", "ring8", "--distribute", "mirrored", "--replicas", "2",
+                                         "--batch-size", str(3 * hparams.POINT_PACK)])
 
 
 @pytest.mark.parametrize("model, argv, precision, device, notes", [

@@ -281,6 +281,9 @@ def test_a_batch_size_that_is_not_a_multiple_of_five_is_refused(framework, tmp_p
     err = capsys.readouterr().err
     assert "--batch-size 42 is not a multiple of 5" in err and "--batch-size 40" in err
     assert len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):  # below one batch per critic step the hint rounds up, not to 0
+        SCRIPTS[framework].main(["--out", str(tmp_path / "run"), *TINY, "--batch-size", "3"])
+    assert "--batch-size 3 is not a multiple of 5" in (err := capsys.readouterr().err) and "--batch-size 5" in err, err
 
 
 def test_compile_is_refused_before_anything_runs(tmp_path, capsys):
