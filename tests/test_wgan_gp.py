@@ -241,14 +241,22 @@ def test_one_iteration_is_five_critic_updates_on_fifths_of_the_batch_and_one_gen
         framework, monkeypatch):
     from common.config import parse_args
 
-    script, sizes = SCRIPTS[framework], []
-    original = script.gradient_penalty
+    script, sizes, eps_drawn, penalties, critic_losses = SCRIPTS[framework], [], [], [], []
+    original, original_loss = script.gradient_penalty, script.critic_loss
+    scalar = lambda value: float(value.detach() if framework == "pytorch" else value)  # noqa: E731
 
-    def spy(critic, real, *args, **kwargs):
+    def spy(critic, real, fake, eps, *args, **kwargs):
         sizes.append(int(real.shape[0]))
-        return original(critic, real, *args, **kwargs)
+        eps_drawn.append(np.asarray(eps))
+        penalties.append(scalar(penalty := original(critic, real, fake, eps, *args, **kwargs)))
+        return penalty
+
+    def loss_spy(*args):
+        critic_losses.append(scalar(loss := original_loss(*args)))
+        return loss
 
     monkeypatch.setattr(script, "gradient_penalty", spy)
+    monkeypatch.setattr(script, "critic_loss", loss_spy)
     cfg = parse_args("wgan_gp", framework, ["--dataset", "ring8", "--batch-size", "40", "--width", "2"])
     if framework == "pytorch":
         from common.pytorch.data import load_data
@@ -265,6 +273,12 @@ def test_one_iteration_is_five_critic_updates_on_fifths_of_the_batch_and_one_gen
     assert sizes == [8] * hparams.CRITIC_STEPS
     assert set(metrics) == {"d_loss", "g_loss", "penalty", "wasserstein"}
     assert critic_loss_is_the_penalised_estimate(metrics, hparams.POINT_LAMBDA)  # 0.1 on the mixtures
+    # the interpolation weights: one per example, uniform on [0, 1] (a normal draw leaves it)
+    assert all(eps.shape == (8, 1) and eps.min() >= 0 and eps.max() <= 1 for eps in eps_drawn)
+    assert np.concatenate(eps_drawn).std() > 0.1
+    # logged: the means over the 5 critic updates (their sums kept the check above true)
+    assert float(metrics["d_loss"]) == pytest.approx(np.mean(critic_losses), rel=1e-5)
+    assert float(metrics["penalty"]) == pytest.approx(np.mean(penalties), rel=1e-5)
     if framework == "pytorch":
         def updates(optimizer):
             return {int(state["step"]) for state in optimizer.state.values()}
