@@ -444,3 +444,15 @@ def test_decode_logits_are_flattened_in_the_pixel_order_of_the_images_they_score
     assert images.shape == (4, 5, 7, 3) and logits.shape == (4, 5 * 7 * 3)
     np.testing.assert_allclose(1 / (1 + np.exp(-logits)), images.reshape(4, -1), rtol=1e-5, atol=1e-6)
     assert np.abs(images[..., 0] - images[..., 1]).max() > 1e-3  # the channels differ: the order shows
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_float16_loss_scale_grows_after_each_growth_interval_of_clean_steps(framework, tmp_path):
+    """The VAE's step updates its scaler after every step, as the GANs' do: without it the scale
+    stayed where it began, never growing, nor halving after an overflow (every later step skipped)."""
+    out = tmp_path / "run"
+    train(framework, out, "--iters", "5", "--log-every", "1", "--amp", "--amp-dtype", "float16", "--init-scale", "8",
+          "--growth-interval", "2", "--checkpoint-every", "0", "--sample-every", "0")
+    rows = read_history(out)
+    assert [row["skipped"] for row in rows] == [0] * 5
+    assert [row["loss_scale"] for row in rows] == [8.0, 16.0, 16.0, 32.0, 32.0]
