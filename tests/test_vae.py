@@ -456,3 +456,34 @@ def test_float16_loss_scale_grows_after_each_growth_interval_of_clean_steps(fram
     rows = read_history(out)
     assert [row["skipped"] for row in rows] == [0] * 5
     assert [row["loss_scale"] for row in rows] == [8.0, 16.0, 16.0, 32.0, 32.0]
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_the_reparameterisation_draws_standard_normal_noise(framework, monkeypatch):
+    """z = mean + sigma * eps with eps ~ N(0, I), one row per image: the twins are fed the same
+    draws in the tests that compare them, so a uniform eps in both went unseen."""
+    from common.config import parse_args
+
+    script, drawn = SCRIPTS[framework], []
+    reparameterize = script.reparameterize
+
+    def spy(mean, logvar, eps):
+        drawn.append(np.asarray(eps))
+        return reparameterize(mean, logvar, eps)
+
+    monkeypatch.setattr(script, "reparameterize", spy)
+    cfg = parse_args("vanilla_vae", framework, ["--batch-size", "256", "--data-limit", "256"])
+    if framework == "pytorch":
+        from common.pytorch.data import load_data
+        from common.pytorch.runtime import setup
+    else:
+        from common.tensorflow.data import load_data
+        from common.tensorflow.runtime import setup
+    runtime = setup(cfg, log=lambda *_: None)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = script.build_networks(data.sample_shape, cfg.width)
+    vae = script.VAE(networks["encoder"], networks["decoder"], cfg, runtime)
+    vae.train_step(data.batch(torch.arange(256)) if framework == "pytorch" else data.dataset.x[:256])
+    (eps,) = drawn
+    assert eps.shape == (256, hparams.LATENT)
+    assert abs(eps.mean()) < 0.05 and abs(eps.std() - 1) < 0.05 and eps.min() < -2  # 5,120 draws
