@@ -466,6 +466,15 @@ def test_reuse_takes_an_auto_amp_run_for_the_same_dtype_named(tmp_path):
     assert other.folder != made.folder
 
 
+def planned_run(plan: compare.Plan, checkpoint_step: int, summary: dict) -> None:
+    """`plan`'s folder as a run leaves it: its config, summary and a checkpoint (empty: decide
+    reads checkpoints by name)."""
+    (plan.folder / "checkpoints").mkdir(parents=True)
+    (plan.folder / "checkpoints" / f"step_{checkpoint_step:06d}.pt").touch()
+    (plan.folder / "config.json").write_text(json.dumps(plan.expected()))
+    (plan.folder / "summary.json").write_text(json.dumps(summary))
+
+
 def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_path):
     """--reuse --evaluate N reused a finished run unmeasured, and the report, which names
     --evaluate N in its command, had no metric columns: the run is now resumed, which evaluates."""
@@ -473,10 +482,7 @@ def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_
         return compare.Plan("vanilla_gan", "pytorch", False, ["--iters", "4", *TINY, *extra], tmp_path, "cpu")
 
     finished = plan()
-    (finished.folder / "checkpoints").mkdir(parents=True)
-    (finished.folder / "checkpoints" / "step_000004.pt").touch()
-    (finished.folder / "config.json").write_text(json.dumps(finished.expected()))
-    (finished.folder / "summary.json").write_text(json.dumps({"step": 4}))
+    planned_run(finished, 4, {"step": 4})
     assert compare.decide(finished, reuse=True, overwrite=False) is None
     assert compare.decide(plan("--evaluate", "200"), reuse=True, overwrite=False) == ["--resume"]
     (finished.folder / "summary.json").write_text(json.dumps({"step": 4, "metrics": {"samples": 200, "fid": 9.0}}))
@@ -493,10 +499,7 @@ def test_reuse_with_evaluate_never_measures_a_run_by_training_it_again(tmp_path)
         return compare.Plan("vanilla_gan", "pytorch", False, ["--iters", "2", *TINY, *extra], tmp_path, "cpu")
 
     run = plan()
-    (run.folder / "checkpoints").mkdir(parents=True)
-    (run.folder / "checkpoints" / "step_000001.pt").touch()
-    (run.folder / "config.json").write_text(json.dumps(run.expected()))
-    (run.folder / "summary.json").write_text(json.dumps({"step": 2, "stopped": "losses inf/NaN since step 2"}))
+    planned_run(run, 1, {"step": 2, "stopped": "losses inf/NaN since step 2"})
     stopped = r"stopped at step 2 \(losses inf/NaN since step 2\).*--overwrite to train it again"
     with pytest.raises(UserError, match=stopped):
         compare.decide(plan("--evaluate", "10"), reuse=True, overwrite=False)
