@@ -84,6 +84,19 @@ def checkpoint_arrays(path):
     return arrays
 
 
+def runtime_and_data(cfg, value_range):
+    """The runtime and the training data of cfg's framework, as its model script's main() makes
+    them: for tests that build a trainer and call its train_step directly (eagerly)."""
+    if cfg.framework == "pytorch":
+        from common.pytorch.data import load_data
+        from common.pytorch.runtime import setup
+    else:
+        from common.tensorflow.data import load_data
+        from common.tensorflow.runtime import setup
+    runtime = setup(cfg, log=lambda *_: None)
+    return runtime, load_data(cfg, runtime, value_range=value_range)
+
+
 def run_script(relative: str, *args: str, timeout: int = 300, env: dict | None = None):
     """Run a model script as a user would, from the repo root (in `env`, if given)."""
     import subprocess

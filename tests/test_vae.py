@@ -463,6 +463,7 @@ def test_the_reparameterisation_draws_standard_normal_noise(framework, monkeypat
     """z = mean + sigma * eps with eps ~ N(0, I), one row per image: the twins are fed the same
     draws in the tests that compare them, so a uniform eps in both went unseen."""
     from common.config import parse_args
+    from tests.conftest import runtime_and_data
 
     script, drawn = SCRIPTS[framework], []
     reparameterize = script.reparameterize
@@ -473,14 +474,7 @@ def test_the_reparameterisation_draws_standard_normal_noise(framework, monkeypat
 
     monkeypatch.setattr(script, "reparameterize", spy)
     cfg = parse_args("vanilla_vae", framework, ["--batch-size", "256", "--data-limit", "256"])
-    if framework == "pytorch":
-        from common.pytorch.data import load_data
-        from common.pytorch.runtime import setup
-    else:
-        from common.tensorflow.data import load_data
-        from common.tensorflow.runtime import setup
-    runtime = setup(cfg, log=lambda *_: None)
-    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    runtime, data = runtime_and_data(cfg, hparams.PIXEL_RANGE)
     networks = script.build_networks(data.sample_shape, cfg.width)
     vae = script.VAE(networks["encoder"], networks["decoder"], cfg, runtime)
     vae.train_step(data.batch(torch.arange(256)) if framework == "pytorch" else data.dataset.x[:256])

@@ -240,6 +240,7 @@ def test_trains_a_few_steps_on_images_with_finite_losses(framework, amp, tmp_pat
 def test_one_iteration_is_five_critic_updates_on_fifths_of_the_batch_and_one_generator_update(
         framework, monkeypatch):
     from common.config import parse_args
+    from tests.conftest import runtime_and_data
 
     script, sizes, eps_drawn, penalties, critic_losses = SCRIPTS[framework], [], [], [], []
     original, original_loss = script.gradient_penalty, script.critic_loss
@@ -258,14 +259,7 @@ def test_one_iteration_is_five_critic_updates_on_fifths_of_the_batch_and_one_gen
     monkeypatch.setattr(script, "gradient_penalty", spy)
     monkeypatch.setattr(script, "critic_loss", loss_spy)
     cfg = parse_args("wgan_gp", framework, ["--dataset", "ring8", "--batch-size", "40", "--width", "2"])
-    if framework == "pytorch":
-        from common.pytorch.data import load_data
-        from common.pytorch.runtime import setup
-    else:
-        from common.tensorflow.data import load_data
-        from common.tensorflow.runtime import setup
-    runtime = setup(cfg, log=lambda *_: None)
-    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    runtime, data = runtime_and_data(cfg, hparams.PIXEL_RANGE)
     networks = script.build_networks(data.sample_shape, cfg.width)
     wgan = script.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
     real = data.dataset.x[:40]
