@@ -373,3 +373,41 @@ def test_dcgan_batch_norm_momentum_and_epsilon_are_pytorchs_in_both_twins():
     assert len(torch_norms) == len(keras_norms) == 7  # G's 4, D's 3
     assert {(layer.momentum, layer.eps) for layer in torch_norms} == {(0.1, 1e-5)}
     assert {(round(layer.momentum, 6), layer.epsilon) for layer in keras_norms} == {(0.9, 1e-5)}
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_the_gan_step_feeds_g_standard_normal_noise_one_row_per_real_example(framework):
+    """G's training input is z ~ N(0, I) with as many rows as the real batch: the twins tests
+    feed both the same draws, so a uniform z (randn -> rand) in both went unseen."""
+    from common.config import parse_args
+    from GAN import gan_step_pytorch, gan_step_tensorflow
+    from GAN.vanilla_gan import hparams
+    from tests.conftest import runtime_and_data
+
+    script = gan_pytorch if framework == "pytorch" else gan_tensorflow
+    step = gan_step_pytorch if framework == "pytorch" else gan_step_tensorflow
+    cfg = parse_args("vanilla_gan", framework, ["--batch-size", "64", "--data-limit", "64", "--width", "8"])
+    runtime, data = runtime_and_data(cfg, hparams.PIXEL_RANGE)
+    networks = script.build_networks(data.sample_shape, cfg.width)
+    gan = step.GAN(networks["generator"], networks["discriminator"], script.discriminator_loss,
+                   script.generator_loss, hparams.Z_DIM, cfg, runtime, data)
+    drawn = []
+    if framework == "pytorch":
+        gan.generator.register_forward_pre_hook(lambda module, inputs: drawn.append(inputs[0].numpy().copy()))
+        gan.train_step(data.batch(torch.arange(64)))
+    else:
+        generator = gan.generator
+
+        class Spy:  # the step calls G and reads its variables; record what it is called on
+            def __call__(self, z, **kwargs):
+                drawn.append(np.asarray(z))
+                return generator(z, **kwargs)
+
+            def __getattr__(self, name):
+                return getattr(generator, name)
+
+        gan.generator = Spy()
+        gan.train_step(data.dataset.x[:64])
+    (z,) = drawn
+    assert z.shape == (64, hparams.Z_DIM) and z.dtype == np.float32
+    assert abs(z.mean()) < 0.05 and abs(z.std() - 1) < 0.05 and z.min() < -2.5  # 6,400 draws
