@@ -420,6 +420,9 @@ PT_EDITS = {
     "adam step fractional": (lambda s: [slot.__setitem__("step", torch.tensor(2.5))
                                         for slot in s["optimizers"]["generator"]["state"].values()],
                              "optimizers/generator/state/0/step is 2.5, not a count"),
+    # Adam's square root of it NaN'd the weights, trained on, exit 0
+    "a second moment negative": (lambda s: s["optimizers"]["generator"]["state"][0]["exp_avg_sq"].fill_(-1.0),
+                                 "optimizers/generator/state/0/exp_avg_sq holds a negative number"),
     "a moment NaN": (lambda s: s["optimizers"]["generator"]["state"][0]["exp_avg_sq"].fill_(float("nan")),
                      "holds inf/NaN in optimizers/generator/state/0/exp_avg_sq"),
     "a weight inf": (lambda s: next(iter(s["modules"]["generator"].values())).fill_(float("inf")),
@@ -577,7 +580,13 @@ NPZ_EDITS = {
         a["module/generator/0000"].shape, 1e300)), "holds inf/NaN in module/generator/0000"),
     "iterations uint64": (lambda a: a.__setitem__("optimizer/generator/0000", np.array(2**64 - 1, np.uint64)),
                           "optimizer/generator/0000 holds a negative count"),
-    # Adam's variables: iterations, then the rate, which trained on to NaN (exit 0)
+    # Adam's variables: iterations, the rate, then each weight's two moments; a negative
+    # second moment's square root NaN'd the weights, trained on, exit 0 (a first moment may be
+    # negative: the weight's moments after it are loaded)
+    "a second moment negative": (lambda a: [a["optimizer/generator/0002"].fill(-1.0),
+                                            a["optimizer/generator/0003"].fill(-1.0)],
+                                 "optimizer/generator/0003, an Adam second moment, holds a negative number"),
+    # the rate, which trained on to NaN (exit 0)
     "learning rate another": (lambda a: a.__setitem__("optimizer/generator/0001", np.array(3e38, np.float32)),
                               "does not fit this model: optimizer/generator/0001, a learning rate, is 3e+38, "
                               "this run's 0.0002"),

@@ -167,6 +167,7 @@ def why_unreadable(error: Exception, head: bytes | None) -> str:
 # written before make_optimizer asked for `foreach` hold None there (the same bits, common/
 # pytorch/optimizers.py), and load_state_dict would put their choice back.
 IMPLEMENTATION_OPTIONS = ("foreach", "fused", "capturable", "differentiable")
+SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq")  # Adam's state of squared gradients
 
 
 def with_live_implementation(saved_groups, live_groups: list) -> list:
@@ -246,7 +247,7 @@ def check_same_tensors(saved, live: dict, where: str) -> None:
 def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
     """Each weight's optimizer state (Adam's moments and step) holds floating-point tensors
     shaped like the weight, or scalars; the step is a whole number >= 0 (Adam divides by
-    1 - beta**(step + 1)). A ValueError otherwise."""
+    1 - beta**(step + 1)) and the second moment is >= 0. A ValueError otherwise."""
     weights = (param for group in optimizer.param_groups for param in group["params"])
     for index, param in enumerate(weights):  # the index the state dict gives the weight
         for key, value in optimizer.state.get(param, {}).items():
@@ -256,6 +257,8 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
                 raise ValueError(f"{where}/{index}/{key} is {shown}, the weight is {tuple(param.shape)}")
             if key == "step" and not (value >= 0 and value == value.floor()):
                 raise ValueError(f"{where}/{index}/step is {value.item()}, not a count")
+            if key in SECOND_MOMENTS and (value < 0).any():  # Adam takes its square root: NaN
+                raise ValueError(f"{where}/{index}/{key} holds a negative number, not a mean of squares")
 
 
 def first_nonfinite(saved, where: str) -> str | None:

@@ -84,6 +84,8 @@ class Checkpoints:
             meta["model"] = str(recorded) if recorded.dtype.kind == "U" and recorded.shape == () else None
         meta = check_meta(path, meta, model)
         groups = _variables(self.trainer)
+        second_moments = {id(variable) for optimizer in self.trainer.optimizers.values()
+                          for variable in getattr(optimizer, "inner_optimizer", optimizer)._velocities}
         if found == OLD_NOISE_FORMAT:
             groups.pop("rng/noise")
             self.trainer.noise.draws.assign(0)
@@ -110,6 +112,9 @@ class Checkpoints:
                 # 1 - beta**(iterations + 1)
                 if value.dtype.kind in "iu" and (value < 0).any():
                     raise CheckpointError(f"checkpoint {path} is damaged: {key} holds a negative count")
+                if id(variable) in second_moments and (value < 0).any():  # Adam takes its square root: NaN
+                    raise CheckpointError(f"checkpoint {path} is damaged: {key}, an Adam second moment, "
+                                          "holds a negative number")
                 # the rate is this command's --lr, which --resume holds to the run's: an edited
                 # one (3e38) trained on to NaN, as the PyTorch twin's param groups are checked
                 if group.startswith("optimizer/") and variable.name == "learning_rate" \
