@@ -98,6 +98,10 @@ def load_weights(path: Path) -> tuple[dict[str, list[LayerWeights]], dict]:
             if any(value.size and not (np.abs(value.astype(np.float64)) <= FLOAT32_MAX).all() for value in values):
                 raise CheckpointError(f"{path} holds inf/NaN or values past float32's range in layer {index} "
                                       f"of {network}: weights a run cannot start from")
+            # gamma, beta, mean, variance: samples divide by the variance's square root
+            if kind == "BatchNormalization" and len(values) == 4 and (values[3] < 0).any():
+                raise CheckpointError(f"{path} holds a negative running variance in layer {index} of {network} "
+                                      "(a batch norm): weights a run cannot start from")
     return networks, meta
 
 

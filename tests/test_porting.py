@@ -172,3 +172,21 @@ def test_pytorch_dense_layers_start_as_keras_dense_layers_do(model):
                 limit = (6 / (fan_in + fan_out)) ** 0.5
                 assert layer.weight.abs().max() <= limit and layer.weight.abs().max() > 0.9 * limit, layer
     assert linear_layers >= 2, model
+
+
+def test_a_weights_file_with_a_negative_running_variance_is_refused(tmp_path):
+    """--init-from: a batch norm's running variance below 0 would make every sample NaN
+    (inference divides by its square root); its mean and its other layers may be negative."""
+    from common import porting
+    from common.errors import CheckpointError
+
+    variance = np.full(4, 0.5, np.float32)
+    batch_norm = [np.ones(4, np.float32), -np.ones(4, np.float32), -np.ones(4, np.float32), variance]
+    layers = [("Conv2D", [-np.ones((3, 3, 1, 4), np.float32)]), ("BatchNormalization", batch_norm)]
+    meta = {"model": "dcgan", "sample_shape": [28, 28, 1]}
+    porting.save_weights(tmp_path / "sound.npz", {"generator": layers}, meta)
+    assert porting.load_weights(tmp_path / "sound.npz")[0]["generator"][1][1][3][0] == 0.5
+    variance[2] = -1e-3
+    porting.save_weights(tmp_path / "w.npz", {"generator": layers}, meta)
+    with pytest.raises(CheckpointError, match=r"holds a negative running variance in layer 1 of generator"):
+        porting.load_weights(tmp_path / "w.npz")

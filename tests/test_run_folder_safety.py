@@ -593,6 +593,37 @@ NPZ_EDITS = {
 }
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+@pytest.mark.parametrize("network", ["module", "average"])
+def test_a_negative_batch_norm_running_variance_is_refused(framework, network, tmp_path, capsys):
+    """Samples and evaluation divide by its square root: NaN images, exit 0. DCGAN's D and G,
+    and the average of G's weights, have batch norm."""
+    from GAN.dcgan import dcgan_pytorch, dcgan_tensorflow
+
+    script = dcgan_pytorch if framework == "pytorch" else dcgan_tensorflow
+    run = tmp_path / "run"
+    script.main(["--out", str(run), *TINY, "--ema-decay", "0.9"])
+    checkpoint = run / "checkpoints" / f"step_000002.{SUFFIX[framework]}"
+    if framework == "pytorch":
+        state = torch.load(checkpoint, weights_only=True)
+        where = "modules/generator" if network == "module" else "averages/generator/module"
+        tensors = state["modules"]["generator"] if network == "module" else state["averages"]["generator"]["module"]
+        name = next(name for name in tensors if name.endswith("running_var"))
+        tensors[name][0] = -1.0
+        torch.save(state, checkpoint)
+        key = f"{where}/{name}"
+    else:
+        names = [weight.name for weight in script.build_networks((28, 28, 1), 8)["generator"].weights]
+        key = f"{network}/generator/{names.index('moving_variance'):04d}"
+        edit_npz(checkpoint, lambda arrays: arrays[key].__setitem__(0, -1.0))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--out", str(run), *TINY, "--ema-decay", "0.9", "--resume", "--iters", "4"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and err.startswith("error: ") and "\n" not in err, err
+    assert key in err and "negative number" in err, err
+
+
 @pytest.fixture(scope="module")
 def tensorflow_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("tf") / "run"

@@ -89,6 +89,7 @@ class Checkpoints:
                                                                             "growth_interval")}}
                 scaler["_growth_tracker"] = min(scaler["_growth_tracker"], live["growth_interval"] - 1)
                 self.runtime.scaler.load_state_dict(scaler)
+            check_running_variances(self.trainer)
             scale = torch.tensor(self.runtime.scaler.get_scale(), dtype=torch.float32).item()  # as it will run
             if not 0 < scale < math.inf:  # 0 or inf: every step skipped, the scale stuck there
                 raise ValueError(f"scaler/scale is {scale}, not a float32 number above 0")
@@ -242,6 +243,17 @@ def check_same_tensors(saved, live: dict, where: str) -> None:
     if missing:
         raise ValueError(f"{where} has no {missing[0]!r}")
     check_like(saved, live, where)
+
+
+def check_running_variances(trainer) -> None:
+    """Batch norm's running variances, as loaded, are >= 0: samples and evaluation divide by
+    their square root (NaN images, exit 0). A ValueError naming the first that is not."""
+    networks = {f"modules/{name}": module for name, module in trainer.modules.items()}
+    networks.update({f"averages/{name}/module": average.module for name, average in trainer.averages.items()})
+    for where, network in networks.items():
+        for key, tensor in network.state_dict().items():
+            if key.endswith("running_var") and (tensor < 0).any():
+                raise ValueError(f"{where}/{key} holds a negative number, not a variance")
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:

@@ -115,6 +115,10 @@ class Checkpoints:
                 if id(variable) in second_moments and (value < 0).any():  # Adam takes its square root: NaN
                     raise CheckpointError(f"checkpoint {path} is damaged: {key}, an Adam second moment, "
                                           "holds a negative number")
+                # samples and evaluation divide by its square root: NaN images, exit 0
+                if variable.name == "moving_variance" and (value < 0).any():
+                    raise CheckpointError(f"checkpoint {path} is damaged: {key}, a batch norm's running "
+                                          "variance, holds a negative number")
                 # the rate is this command's --lr, which --resume holds to the run's: an edited
                 # one (3e38) trained on to NaN, as the PyTorch twin's param groups are checked
                 if group.startswith("optimizer/") and variable.name == "learning_rate" \
