@@ -7,6 +7,7 @@ same seed show the same z in the same cell: the two frameworks, or FP32 and AMP,
 """
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from dataclasses import dataclass
@@ -219,6 +220,21 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 REPORT_FILES = ("report.md", "samples.png", "losses.png", "table.md", "table.json")  # what write_report writes
+REPORT_MARK = ("title", "command", "rows", "sample_steps")  # the keys of its table.json, written first
+
+
+def files_of_others(folder: Path) -> list[str]:
+    """The REPORT_FILES in `folder` that write_report would replace and did not write: all
+    those present, unless its table.json is one write_report wrote (a report being redone)."""
+    present = [name for name in REPORT_FILES if (Path(folder) / name).exists() or (Path(folder) / name).is_symlink()]
+    table = Path(folder) / "table.json"
+    if not present or not table.is_file() or table.stat().st_size > 2**24:
+        return present
+    try:
+        written = json.loads(table.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return present
+    return [] if isinstance(written, dict) and all(key in written for key in REPORT_MARK) else present
 
 
 def write_report(sides: list[Side], folder: Path, title: str, command: str) -> dict:
@@ -230,11 +246,15 @@ def write_report(sides: list[Side], folder: Path, title: str, command: str) -> d
     if not steps:
         raise UserError("the runs have no sample grid at a common step; give them the same "
                         "--sample-every and --iters")
-    sample_figure(sides, steps, folder / "samples.png")
-    loss_figure(sides, folder / "losses.png")
     rows = table_rows(sides)
     drift = sample_drift(sides, steps)
     table = markdown_table(rows)
+    report = {"title": title, "command": command, "rows": rows, "sample_steps": steps,
+              "sample_drift": {str(k): v for k, v in drift.items()}}
+    # first: it marks the folder as a report's (files_of_others), should a figure fail after it
+    atomic_write(folder / "table.json", lambda f: f.write(strict_json(report, indent=2).encode()))
+    sample_figure(sides, steps, folder / "samples.png")
+    loss_figure(sides, folder / "losses.png")
     first, second = rows[0], rows[-1]
     lines = [f"# {title}", "", f"    {command}", "", table, ""]
     if first["median_step_ms"] and second["median_step_ms"]:
@@ -245,9 +265,6 @@ def write_report(sides: list[Side], folder: Path, title: str, command: str) -> d
         lines.append("Mean absolute difference of the two sample grids (pixels in [0, 1]): "
                      + ", ".join(f"step {step} {value:.4f}" for step, value in drift.items()) + ".")
     lines += ["", "![samples](samples.png)", "", "![losses](losses.png)", ""]
-    report = {"title": title, "command": command, "rows": rows, "sample_steps": steps,
-              "sample_drift": {str(k): v for k, v in drift.items()}}
     atomic_write(folder / "table.md", lambda f: f.write(text_bytes(table + "\n")))
-    atomic_write(folder / "table.json", lambda f: f.write(strict_json(report, indent=2).encode()))
     atomic_write(folder / "report.md", lambda f: f.write(text_bytes("\n".join(lines))))
     return report

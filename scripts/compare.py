@@ -22,7 +22,9 @@ continued with --resume when it stopped short of --iters), or retrained with --o
 The report folder (default <runs>/<model>/compare-...) gets samples.png (the grids from the
 same fixed noise at matching steps), losses.png (overlaid loss curves, plus the loss scale
 under float16), table.md / table.json (median step time, samples/s, peak memory, skipped
-steps, final losses, and quality metrics once a run has them) and report.md with all of it.
+steps, final losses, and quality metrics once a run has them) and report.md with all of it;
+--report names another folder, refused if it holds files of these names that compare.py did
+not write.
 Each run also wrote TensorBoard events into its folder: `tensorboard --logdir <runs>/<model>`
 overlays them (the last line printed says so, naming the tensorboard beside this Python, as
 .venv/bin/tensorboard, when none is on the PATH).
@@ -233,6 +235,9 @@ def main(argv=None) -> int:
                              "trains into; name a path outside it")
     if problem := output_files_problem(folder, report.REPORT_FILES):
         raise UsageError(f"the report: {problem}")  # now, not after training both runs
+    if others := report.files_of_others(folder):  # a folder of the user's own, named by --report
+        raise UsageError(f"--report {folder} already holds {', '.join(others)}, not written by compare.py, "
+                         "which the report would replace; name a new or empty folder")
     decisions = [decide(plan, args.reuse, args.overwrite) for plan in plans]  # all checks first
     for plan, extra in zip(plans, decisions):
         if extra is None:

@@ -185,6 +185,39 @@ def test_loss_panels_are_the_numbers_of_every_row_not_skipped_steps(tmp_path):
             plt.imsave(side.run.sample_path(step), np.zeros((8, 8)), cmap="gray")
     report.write_report([amp, fp32], tmp_path / "report", "t", "cmd")
     assert (tmp_path / "report" / "losses.png").stat().st_size > 0
+    assert report.files_of_others(tmp_path / "report") == []  # a report compare may write again
+
+
+def test_compare_does_not_write_its_report_over_a_folder_of_the_users_own(tmp_path, capsys, monkeypatch):
+    """--report names a folder of the user's that holds a report.md or a samples.png: they
+    were replaced. Refused before anything trains; a report this script wrote is its own to
+    redo, even one a failed figure left with its table.json alone."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "report.md").write_text("my notes")
+    (notes / "samples.png").write_bytes(b"my grid")
+    (notes / "table.json").write_text('{"title": "mine"}')  # JSON, not a table of compare's
+    monkeypatch.setattr(compare, "train", lambda *args: pytest.fail("trained before refusing"))
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--report", str(notes)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err, err
+    assert f"--report {notes} already holds report.md, samples.png, table.json, not written by compare.py" in err
+    assert (notes / "report.md").read_text() == "my notes" and (notes / "samples.png").read_bytes() == b"my grid"
+    (notes / "table.json").write_text(json.dumps(dict.fromkeys(report.REPORT_MARK, [])))  # as write_report's
+    assert report.files_of_others(notes) == []
+    assert report.files_of_others(tmp_path / "empty") == []
+
+    side = fake_side(tmp_path, "a", [0], [{"step": 2, "loss": 1.0}])
+    plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
+
+    def disk_full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "loss_figure", disk_full)
+    with pytest.raises(OSError):
+        report.write_report([side, side], tmp_path / "failed", "t", "cmd")
+    assert (tmp_path / "failed" / "samples.png").exists() and report.files_of_others(tmp_path / "failed") == []
 
 
 def test_a_loss_name_or_label_with_dollar_signs_is_drawn_as_written(tmp_path, monkeypatch):
