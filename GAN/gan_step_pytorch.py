@@ -56,6 +56,7 @@ class GAN:
         self.average = ExponentialMovingAverage(self.generator, cfg.ema_decay) if cfg.ema_decay else None
         self.averages = {"generator": self.average} if self.average else {}
         self.title = f"{cfg.model} pytorch {runtime.precision}"
+        self.noise_shape = (sampling.GRID_IMAGES if data.kind == "image" else MIXTURE_SAMPLES, z_dim)
         self._fixed_noise = None
 
     def train_step(self, real: torch.Tensor) -> dict:
@@ -104,8 +105,7 @@ class GAN:
     def write_samples(self, run, step: int):
         """A grid (or a scatter plot) from the run's fixed noise, the same in both frameworks."""
         if self._fixed_noise is None:
-            count = sampling.GRID_IMAGES if self.data.kind == "image" else MIXTURE_SAMPLES
-            noise = sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed)
+            noise = sampling.fixed_noise(run.path, *self.noise_shape, self.cfg.seed)
             self._fixed_noise = torch.from_numpy(noise).to(self.device)
         fake = self.generate(self._fixed_noise)
         if self.data.kind == "image":

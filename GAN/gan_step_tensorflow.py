@@ -55,6 +55,7 @@ class GAN:
         self.average = ExponentialMovingAverage(generator, cfg.ema_decay) if cfg.ema_decay else None
         self.averages = {"generator": self.average} if self.average else {}
         self.title = f"{cfg.model} tensorflow {runtime.precision}"
+        self.noise_shape = (sampling.GRID_IMAGES if data.kind == "image" else MIXTURE_SAMPLES, z_dim)
         self._fixed_noise = None
 
     def train_step(self, real):
@@ -94,8 +95,7 @@ class GAN:
     def write_samples(self, run, step: int):
         """A grid (or a scatter plot) from the run's fixed noise, the same in both frameworks."""
         if self._fixed_noise is None:
-            count = sampling.GRID_IMAGES if self.data.kind == "image" else MIXTURE_SAMPLES
-            self._fixed_noise = tf.constant(sampling.fixed_noise(run.path, count, self.z_dim, self.cfg.seed))
+            self._fixed_noise = tf.constant(sampling.fixed_noise(run.path, *self.noise_shape, self.cfg.seed))
         fake = self.generate(self._fixed_noise).numpy()
         if self.data.kind == "image":
             sampling.save_image_grid(fake, run.sample_path(step), self.data.value_range)

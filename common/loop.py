@@ -39,6 +39,7 @@ class Session(Protocol):
     checkpoints: Checkpoints  # the training state in one file per checkpoint
     profiler: Profiler        # --profile's window
     replicas: Replicas        # data-parallel replicas (common/distributed.py); one by default
+    noise_shape: tuple[int, int]  # the fixed noise's (rows, width): what fixed_noise.npy holds
 
     def start(self, order: BatchOrder, start_step: int, stop_step: int) -> None:
         """Before the first step: a host loader starts gathering batches in this order."""
@@ -583,7 +584,7 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     profile = ProfileWindow(cfg, run, session, clock, start_step, log)
 
     if run.writable:
-        sampling.check_fixed_noise(run.path)  # now, not at the first grid, steps later
+        sampling.check_fixed_noise(run.path, *session.noise_shape)  # now, not at the first grid, steps later
         run.write_resumed_config(start_step, cfg.iters)  # a resume found sound: the command's settings
     if start_step == 0 and cfg.sample_every and run.writable:
         session.write_samples(run, 0)  # the starting point: equal in both frameworks under --init-from

@@ -38,21 +38,22 @@ def noise_file_shape(path: Path) -> tuple:
     return shape
 
 
-def check_fixed_noise(run_dir: Path) -> None:
-    """Before a resumed run trains: its noise file is sound (its grids come after steps)."""
+def check_fixed_noise(run_dir: Path, count: int, dim: int) -> None:
+    """Before a resumed run trains: its noise file is sound and holds (count, dim) rows (its
+    grids come after steps)."""
     path = Path(run_dir) / "fixed_noise.npy"
     if path.exists() or path.is_symlink():
-        noise_file_shape(path)
+        shape = noise_file_shape(path)
+        if shape != (count, dim):
+            raise UserError(f"{path} holds float32{shape}, expected float32({count}, {dim}); "
+                            "delete it or use another --out")
 
 
 def fixed_noise(run_dir: Path, count: int, dim: int, seed: int) -> np.ndarray:
     """The run's fixed N(0, I) noise: read from fixed_noise.npy, or drawn and saved there."""
     path = Path(run_dir) / "fixed_noise.npy"
     if path.exists():
-        shape = noise_file_shape(path)
-        if shape != (count, dim):
-            raise UserError(f"{path} holds float32{shape}, expected float32({count}, {dim}); "
-                            "delete it or use another --out")
+        check_fixed_noise(run_dir, count, dim)
         try:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as error:

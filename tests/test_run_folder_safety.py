@@ -1014,7 +1014,7 @@ def test_a_fixed_noise_file_of_another_shape_or_dtype_or_a_dangling_link_is_refu
     """The grids of a resumed run come from the noise file it wrote; one of float64 (a user's
     own np.save), a link to nothing, or one of other rows is refused, not drawn from or drawn
     again: a dangling link was taken for no file, and the run's grids changed noise mid-run.
-    The first two before training; the rows at the first grid, whose size the trainer knows."""
+    All before training (other rows were found at the first grid, steps later)."""
     run = tmp_path / "run"
     train(run)
     noise = run / "fixed_noise.npy"
@@ -1026,4 +1026,6 @@ def test_a_fixed_noise_file_of_another_shape_or_dtype_or_a_dangling_link_is_refu
     assert [path.name for path in (run / "checkpoints").iterdir()] == ["step_000002.pt"]  # refused before training
     noise.unlink()
     np.save(noise, np.zeros((32, 100), np.float32))
-    refused(capsys, "holds float32(32, 100), expected float32(64, 100)", run, "--resume", "--iters", "4")
+    refused(capsys, "holds float32(32, 100), expected float32(64, 100)", run, "--resume", "--iters", "4",
+            "--sample-every", "0")
+    assert [path.name for path in (run / "checkpoints").iterdir()] == ["step_000002.pt"]

@@ -111,6 +111,7 @@ class VAE:
         self.parallel_decoder = runtime.data_parallel(self.decoder)
         self.cfg = cfg
         self.z_dim = hparams.LATENT
+        self.noise_shape = (sampling.GRID_IMAGES, hparams.LATENT)  # the grids' prior draws
         self.params = [*self.encoder.parameters(), *self.decoder.parameters()]
         self.optimizer = make_optimizer(cfg, self.params)
         # AMP: autocast's device and 16-bit dtype (None: autocast off), and the GradScaler
@@ -160,8 +161,7 @@ class VAE:
         posterior means (no sampling, so successive grids differ only by training)."""
         device = self.device
         if self._fixed_noise is None:
-            noise = sampling.fixed_noise(run.path, sampling.GRID_IMAGES, hparams.LATENT,
-                                         self.cfg.seed)
+            noise = sampling.fixed_noise(run.path, *self.noise_shape, self.cfg.seed)
             self._fixed_noise = torch.from_numpy(noise).to(device)
             images = datasets.fixed_test_images(self.cfg, hparams.RECONSTRUCTION_COUNT)  # NHWC
             self._test_images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device)

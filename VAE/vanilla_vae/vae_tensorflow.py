@@ -97,6 +97,7 @@ class VAE:
         self.cfg = cfg
         self.replicas = runtime.replicas  # --distribute's; one by default
         self.z_dim = hparams.LATENT
+        self.noise_shape = (sampling.GRID_IMAGES, hparams.LATENT)  # the grids' prior draws
         self.variables = encoder.trainable_variables + decoder.trainable_variables
         self.optimizer = make_optimizer(cfg, runtime)  # a LossScaleOptimizer under float16
         self.optimizer.build(self.variables)  # checkpoints need the slots now
@@ -136,8 +137,7 @@ class VAE:
         """Decode the run's fixed prior noise, and reconstruct fixed test images from their
         posterior means (no sampling, so successive grids differ only by training)."""
         if self._fixed_noise is None:
-            self._fixed_noise = tf.constant(sampling.fixed_noise(
-                run.path, sampling.GRID_IMAGES, hparams.LATENT, self.cfg.seed))
+            self._fixed_noise = tf.constant(sampling.fixed_noise(run.path, *self.noise_shape, self.cfg.seed))
             self._test_images = tf.constant(
                 datasets.fixed_test_images(self.cfg, hparams.RECONSTRUCTION_COUNT))
         samples = tf.sigmoid(tf.cast(self.decoder(self._fixed_noise, training=False), tf.float32))

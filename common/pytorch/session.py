@@ -38,6 +38,7 @@ class Trainer(Protocol):
     optimizers: dict[str, torch.optim.Optimizer]
     averages: dict[str, ExponentialMovingAverage]
     z_dim: int
+    noise_shape: tuple[int, int]  # the sample grids' fixed noise: (rows, width)
 
     def train_step(self, batch: torch.Tensor) -> dict[str, torch.Tensor]: ...
 
@@ -49,6 +50,7 @@ class Session:
         self.trainer, self.data, self.runtime = trainer, data, runtime
         self.precision = runtime.precision
         self.checkpoints = Checkpoints(trainer, runtime)
+        self.noise_shape = trainer.noise_shape
         self.profiler = Profiler(runtime.device)
         self.replicas = runtime.replicas
         self.batch_parts = getattr(trainer, "batch_parts", 1)

@@ -40,6 +40,7 @@ class Trainer(Protocol):
     noise: Noise
     averages: dict[str, ExponentialMovingAverage]
     z_dim: int
+    noise_shape: tuple[int, int]  # the sample grids' fixed noise: (rows, width)
 
     def train_step(self, batch: tf.Tensor) -> dict[str, tf.Tensor]: ...
 
@@ -51,6 +52,7 @@ class Session:
         self.trainer, self.data, self.runtime = trainer, data, runtime
         self.precision = runtime.precision
         self.checkpoints = Checkpoints(trainer, runtime)
+        self.noise_shape = trainer.noise_shape
         self.profiler = Profiler()
         self.replicas = runtime.replicas
         self.batch_parts = getattr(trainer, "batch_parts", 1)  # WGAN-GP: its critic batches
