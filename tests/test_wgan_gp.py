@@ -68,6 +68,24 @@ def test_penalty_of_a_linear_critic_is_the_norm_of_its_weights_minus_one_squared
     assert abs(per_pixel - 4.0) > 0.5
 
 
+def test_pytorch_penalty_differentiates_a_float32_layer_in_float32_under_autocast():
+    """The AMP examples call autograd.grad outside autocast: inside it, the gradient of a
+    layer that runs in float32 (FullPrecision, the critics' last) was computed from its weights
+    rounded to bfloat16, 3e-4 off float32's penalty, where the Keras twin's tape keeps the
+    float32 layer's gradient in float32."""
+    from common.pytorch.amp import FullPrecision
+
+    torch.manual_seed(0)
+    critic = FullPrecision(nn.Linear(256, 1))
+    real, fake, eps = torch.randn(8, 256), torch.randn(8, 256), torch.rand(8, 1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    float32 = wgan_gp_pytorch.gradient_penalty(critic, real, fake, eps, scaler)
+    assert float(float32.detach()) == pytest.approx((critic.layer.weight.detach().norm().item() - 1) ** 2, rel=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = wgan_gp_pytorch.gradient_penalty(critic, real, fake, eps, scaler)
+    assert float(under_autocast.detach()) == pytest.approx(float(float32.detach()), rel=1e-6)
+
+
 def test_penalty_of_a_quadratic_critic_follows_the_interpolates():
     """f(x) = ||x||^2 / 2 has gradient x: penalty = mean((||x_hat|| - 1)^2), x_hat = eps x + (1 - eps) x~."""
     real, fake, eps = batch()

@@ -15,11 +15,13 @@ iteration splits the loop's batch into hparams.CRITIC_STEPS critic batches and u
 critic once on each (fresh noise each time), then G once on a fresh noise batch of the
 critic-batch size, as the paper's Algorithm 1.
 
-The gradient penalty under AMP, as the PyTorch AMP examples write it: the critic's output is
-scaled (`scaler.scale`) before `torch.autograd.grad(..., create_graph=True)`, so its float16
-gradients do not underflow; those gradients are divided by the current scale (they belong to
-no optimizer, so `unscale_` is not the tool), and the penalty is computed from them in
-float32, inside autocast; then the whole loss is scaled, backpropagated and stepped as usual.
+The gradient penalty under AMP, as the PyTorch AMP examples write it: the critic's output,
+computed under autocast, is scaled (`scaler.scale`) before `torch.autograd.grad(...,
+create_graph=True)`, which runs with autocast off (a backward pass under autocast would run the
+float32 last layer's gradient in 16 bits), so its float16 gradients do not underflow; those
+gradients are divided by the current scale (they belong to no optimizer, so `unscale_` is not
+the tool), and the penalty is computed from them in float32; then the whole loss is scaled,
+backpropagated and stepped as usual.
 The training step, with its autocast and GradScaler calls, is WGANGP.train_step below. The
 TensorFlow twin is wgan_gp_tensorflow.py; the hyperparameters of both are in hparams.py.
 """
@@ -103,11 +105,14 @@ def gradient_penalty(critic: nn.Module, real, fake, eps, scaler: torch.amp.GradS
 
     Under float16 the critic's output is scaled before differentiating, as the loss will be,
     so small gradients do not underflow; the gradients are then divided by that scale, read on
-    the device (no host sync). With the scaler off (float32, bfloat16) nothing is scaled."""
+    the device (no host sync). With the scaler off (float32, bfloat16) nothing is scaled.
+    Called under autocast, it differentiates with autocast off, as the AMP examples do: each
+    backward op then runs in the dtype its forward op ran in."""
     x_hat = (eps * real + (1.0 - eps) * fake).detach().requires_grad_(True)
     scaled_scores = scaler.scale(critic(x_hat))  # unchanged when the scaler is off
-    (gradients,) = torch.autograd.grad(scaled_scores, x_hat, grad_outputs=torch.ones_like(scaled_scores),
-                                       create_graph=True)
+    with torch.autocast(x_hat.device.type, enabled=False):
+        (gradients,) = torch.autograd.grad(scaled_scores, x_hat, grad_outputs=torch.ones_like(scaled_scores),
+                                           create_graph=True)
     scale = scale_on_device(scaler, x_hat.device)  # after scale(): the scale it just used
     if scale is not None:
         gradients = gradients / scale
