@@ -10,7 +10,8 @@ One iteration:
        DCGAN example does: G runs once per iteration, not twice);
     4. one GradScaler for both networks, as the PyTorch AMP examples do for "multiple models,
        losses and optimizers": scale each loss, step each optimizer (each skips its own step
-       on inf/NaN gradients), update the scale once per iteration.
+       on inf/NaN gradients), update the scale once per iteration. The session adds the
+       "skipped" metric: whether update() backed the scale off (common/pytorch/session.py).
 Under bfloat16 and float32 the scaler is disabled and its calls pass everything through.
 
 Under torchrun the updates run through DDP wrappers (common/pytorch/runtime.py), which

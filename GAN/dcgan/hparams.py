@@ -30,7 +30,7 @@ GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
 # mean, precision 0.708-0.739, AMP 0.95x float32's FID in PyTorch and 1.05x in TensorFlow. The
 # former 5e-4 scored FID 4.5-5.6, TensorFlow's AMP precision 0.704 on the same draws (two of its
 # six seeds under 0.7 on five draws); 3e-4 needed 14,000 iterations for 5e-4's quality; 2e-4
-# scored 9.6 and 11.6 with precision 0.665 and 0.637 (README, "what moved the FID"). 9-12
+# scored 9.6 and 11.6 with precision 0.665 and 0.637 (README, "what moved the FID"). 8.7-12.1
 # minutes on a 2-core AVX512-BF16 CPU in float32 (10.4 PyTorch, 8.7 TensorFlow on a Zen 4; 12.0
 # and 12.1 on a Xeon with AMX); about 13-14 (PyTorch) and 16-18.5 (TensorFlow) on an AVX2-only one,
 # TensorFlow's 15-17 by estimate since the end layers are matmuls (README, "DCGAN").

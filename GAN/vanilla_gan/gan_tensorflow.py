@@ -63,7 +63,7 @@ class PackSamples(layers.Layer):
     def compute_output_shape(self, input_shape):
         return (None, self.pack * math.prod(input_shape[1:]))
 
-    def get_config(self):  # clone_model (the average of weights) rebuilds layers from it
+    def get_config(self):  # Keras rebuilds a layer from its config (clone_model, saving)
         return {**super().get_config(), "pack": self.pack}
 
 

@@ -11,8 +11,8 @@ LATENT = 20
 # The decoder's outputs are Bernoulli probabilities, so the data are scaled to [0, 1].
 PIXEL_RANGE = (0.0, 1.0)
 
-# Sample grids: decodes of the GANs' 64 fixed prior draws (sampling.GRID_IMAGES; the run's
-# fixed_noise.npy, the same z in both frameworks) and reconstructions of the first 32 test images.
+# Sample grids: decodes of 64 fixed prior draws, as many as the GANs' grids (sampling.GRID_IMAGES;
+# the run's fixed_noise.npy, the same z in both frameworks) and reconstructions of the first 32 test images.
 RECONSTRUCTION_COUNT = 32
 
 # Defaults of the shared flags (common/config.py); the command line overrides them.

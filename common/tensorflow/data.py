@@ -70,6 +70,8 @@ class HostLoader(DeviceData):
 
 
 def load_data(cfg: RunConfig, runtime, value_range: tuple[float, float]) -> DeviceData:
+    """The PyTorch twin's signature; `runtime` is unused here: tf.constant puts the data on
+    TensorFlow's default device (its first GPU, if any), where the compiled step reads it."""
     dataset = datasets.load_training_set(cfg)
     if cfg.workers:
         return HostLoader(dataset, value_range, cfg.workers)

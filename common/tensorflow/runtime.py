@@ -115,9 +115,10 @@ def onednn_enabled() -> bool | None:
 
 
 class Noise:
-    """A run's training noise, counter-based: the run's k-th draw is Philox's
-    `stateless_normal(seed=(seed, k))`, and its only state is k, a variable the checkpoints
-    save. Build it in the strategy's scope, with the networks: every replica then holds k.
+    """A run's training noise, counter-based: the run's k-th draw (k from 1), normal or
+    uniform, is Philox's `stateless_normal` or `stateless_uniform` with seed (seed, k), and its
+    only state is k, a variable the checkpoints save. Build it in the strategy's scope, with
+    the networks: every replica then holds k.
 
     Why not a seeded tf.random.Generator: under MirroredStrategy with synchronized batch
     norm, DCGAN's G drifted from one process's weights (4e-4 after one step, 1e-3 after 20)
