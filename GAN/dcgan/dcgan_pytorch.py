@@ -4,9 +4,9 @@
     python GAN/dcgan/dcgan_pytorch.py --dataset cifar10 --data-dir DATA      # 32x32x3
     python GAN/dcgan/dcgan_pytorch.py --dataset folder --data-dir DIR --image-size 64
 
-G: z as a 1x1 map -> one transposed convolution to the smallest map (7x7 for 28x28), then transposed
-convolutions of stride 2 (batch norm, ReLU), each followed by a 3x3 convolution at its
-resolution -> tanh image.
+G: z as a 1x1 map -> one transposed convolution to the smallest map (7x7 for 28x28), then
+transposed convolutions of stride 2 (batch norm, ReLU), each followed by a 3x3 convolution at
+its resolution -> tanh image.
 D: the mirror image, strided convolutions (batch norm on all but the first) and LeakyReLU, each
 followed by a 3x3 convolution -> one logit.
 The last layer of each runs in float32 under autocast; weights and images are stored
