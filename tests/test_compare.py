@@ -678,3 +678,36 @@ def test_the_report_table_keeps_each_run_on_one_row_of_its_columns():
     assert report.markdown_table([row]).splitlines() == [
         r"| run | device | steps | median ms/step | samples/s | peak MB | skipped | final losses | f\|id |",
         "|---|" + "---|" * 8, r"| pytorch fp32 | cpu\|0 | 4 | 1.00 | 2 | 3 | 0 | d\|lo ss 1.000 | 2.5000 |"]
+
+
+def test_matching_steps_thin_one_step_too_many_to_the_most_asked_first_and_last_kept(tmp_path):
+    """Five common steps for a report of at most four rows: four rows, the first and the last
+    step among them (not all five)."""
+    a = fake_side(tmp_path, "a", range(5), [{"step": 2, "loss": 1.0}])
+    b = fake_side(tmp_path, "b", range(5), [{"step": 2, "loss": 1.0}])
+    steps = report.matching_steps([a, b], most=4)
+    assert len(steps) == 4 and steps[0] == 0 and steps[-1] == 4 and steps == sorted(set(steps))
+    assert report.matching_steps([a, b], most=5) == [0, 1, 2, 3, 4]
+
+
+def test_the_report_table_leaves_the_loss_scale_and_skip_counts_out_of_the_final_losses(tmp_path):
+    """A float16 run's summary adds its loss scale and skip counts to "final": the table's final
+    losses are the losses alone, as summarize_runs.py shows them."""
+    side = fake_side(tmp_path, "amp", [0], [{"step": 2, "d_loss": 1.0}])
+    side.summary["final"] = {"d_loss": 1.0, "g_loss": 0.5, "loss_scale": 512.0, "skipped": 0, "skipped_total": 1,
+                             "nonfinite_steps": 3}
+    (row,) = report.table_rows([side])
+    assert row["final_losses"] == {"d_loss": 1.0, "g_loss": 0.5}
+    assert "| d_loss 1.000, g_loss 0.500 |" in report.markdown_table([row])
+
+
+def test_the_report_gives_no_pixel_drift_between_scatter_plots_of_a_mixture(tmp_path):
+    """The drift is a difference of two image grids: two ring8 runs' scatter plots (axes, dots,
+    a legend) differ in pixels that say nothing about their samples, so the report leaves it out."""
+    sides = [fake_side(tmp_path, name, [0], [{"step": 2, "d_loss": 1.0}]) for name in ("a", "b")]
+    for side, value in zip(sides, (0, 255)):
+        side.config["dataset"] = "ring8"
+        plt.imsave(side.run.sample_path(0), np.full((8, 8, 3), value, dtype=np.uint8))
+    table = report.write_report(sides, tmp_path / "report", "t", "cmd")
+    assert table["sample_drift"] == {}
+    assert "Mean absolute difference" not in (tmp_path / "report" / "report.md").read_text()
