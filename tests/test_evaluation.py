@@ -576,3 +576,75 @@ def test_evaluate_script_prints_counts_as_whole_numbers(tmp_path, capsys, monkey
     printed = capsys.readouterr().out
     assert f"{tmp_path}: samples 10000, fid 12.35, precision 1, classes_covered 10, class_kl 0.01234\n" in printed
     assert evaluation.figure(25_000.0) == "25000" and evaluation.figure(2500) == "2500"
+
+
+def test_in_chunks_calls_at_most_a_chunk_at_a_time_and_keeps_the_order():
+    """The VAE's bounds decode k x images latents in chunks and reshape the result to (k, images):
+    chunks joined in another order score each image against another image's latents."""
+    calls = []
+
+    def doubled(x):
+        calls.append(len(x))
+        return 2 * x
+
+    array = np.arange(2 * evaluation.CHUNK + 7)
+    np.testing.assert_array_equal(evaluation.in_chunks(doubled, array), 2 * array)
+    assert calls == [evaluation.CHUNK, evaluation.CHUNK, 7]
+
+
+def test_random_subset_draws_distinct_images_over_the_whole_set_in_their_order():
+    """MNIST test's first half is its cleaner writers: the subset is drawn from all of it,
+    without repeats (a repeated image counts twice in FID and the bounds), in the set's order,
+    the same every call; a set no larger than asked is used whole."""
+    images = np.arange(10_000)
+    subset = evaluation.random_subset(images, 1000)
+    assert len(subset) == 1000 and len(set(subset.tolist())) == 1000
+    assert np.all(np.diff(subset) > 0)  # in their order
+    assert (subset >= 5000).mean() == pytest.approx(0.5, abs=0.1)  # both halves, not the first 1,000
+    np.testing.assert_array_equal(evaluation.random_subset(images, 1000), subset)
+    np.testing.assert_array_equal(evaluation.random_subset(images[:50], 100), images[:50])
+
+
+class VaeOnNumberedImages:
+    """A stand-in VAE: samples of no measured size (8x8), and an encoder that records the test
+    images it is given (image i holds the value i in every pixel)."""
+
+    z_dim = 2
+
+    def __init__(self):
+        self.encoded = []
+
+    def sample(self, z):
+        return np.zeros((len(z), 8, 8, 1), np.float32)
+
+    def encode(self, x):
+        self.encoded += [int(image.flat[0]) for image in x]
+        return np.zeros((len(x), 2)), np.zeros((len(x), 2))
+
+    def decode_logits(self, z):
+        return np.zeros((len(z), 64), np.float32)
+
+
+def test_vae_bounds_score_a_random_draw_of_all_test_images_and_say_when_there_are_fewer(monkeypatch):
+    """MNIST's bounds: `--evaluate N` test images drawn from all 10,000 (its first ones alone
+    scored 5 nats better); "folder" has no test split: its first N training images. A --data-dir
+    with fewer than asked: the bounds say on how many ("bound_images")."""
+    asked, held = [], {"mnist": 10_000, "folder": 30}
+
+    def numbered_images(cfg, count):
+        asked.append(count)
+        return np.arange(min(count, held[cfg.dataset]), dtype=np.float32)[:, None, None, None] * np.ones((8, 8, 1))
+
+    monkeypatch.setattr(evaluation.datasets, "fixed_test_images", numbered_images)
+    quiet = lambda *_: None
+    vae = VaeOnNumberedImages()
+    results = evaluation.evaluate(config(evaluate=50, iwae_k=2), vae, log=quiet)
+    assert asked == [evaluation.MNIST_TEST_IMAGES] and "bound_images" not in results
+    assert vae.encoded == evaluation.random_subset(np.arange(10_000), 50).tolist() != list(range(50))
+    assert {"test_elbo", "test_iwae_k2"} <= set(results)
+
+    asked.clear()
+    vae = VaeOnNumberedImages()
+    results = evaluation.evaluate(config(dataset="folder", evaluate=50, iwae_k=2), vae, log=quiet)
+    assert asked == [50] and results["bound_images"] == 30 and vae.encoded == list(range(30))
+
