@@ -648,3 +648,38 @@ def test_vae_bounds_score_a_random_draw_of_all_test_images_and_say_when_there_ar
     results = evaluation.evaluate(config(dataset="folder", evaluate=50, iwae_k=2), vae, log=quiet)
     assert asked == [50] and results["bound_images"] == 30 and vae.encoded == list(range(30))
 
+
+def test_samples_holding_a_nan_are_not_measured():
+    """One NaN pixel among the samples: no metric, where the feature net would turn it into a
+    figure (or an error), and the log says why."""
+    images = datasets.load_dataset("mnist", split="test", limit=20).x.copy()
+    trainer = ImagesAsSamples(images)
+    trainer.images[3, 10, 10, 0] = np.nan
+    said = []
+    results = evaluation.evaluate(config(evaluate=20), trainer, log=said.append)
+    assert results == {"samples": 20, "finite_samples": 0.0}
+    assert said == ["evaluation: the samples hold inf/NaN; no metrics"]
+
+
+def test_evaluate_run_reopens_a_run_as_it_was_trained_with_the_draws_asked_for(tmp_path, monkeypatch):
+    """The command that reopens a finished run: its TensorBoard off where it trained without one
+    (its metrics would make the events it never had), its device's kind, and --eval-draws for
+    any count of draws past one (--draws 2 once measured one)."""
+    import subprocess
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model": "vanilla_gan", "framework": "pytorch", "precision": "fp32",
+                                                    "device": "cuda:0", "tensorboard": False}))
+    (folder / "summary.json").write_text(json.dumps({"step": 4, "metrics": {"samples": 100, "fid": 5.0}}))
+    commands = []
+    monkeypatch.setattr(evaluation, "check_evaluable", lambda folder: None)
+    monkeypatch.setattr(evaluation, "run_child",
+                        lambda command, message: commands.append(command) or subprocess.CompletedProcess(command, 0))
+    for draws in (1, 2):
+        assert evaluation.evaluate_run(folder, 100, None, draws) == {"samples": 100, "fid": 5.0}
+    one, two = commands
+    for command in commands:
+        assert "--no-tensorboard" in command and command[command.index("--device") + 1] == "cuda"
+        assert command[command.index("--iters") + 1] == "4" and "--resume" in command
+    assert "--eval-draws" not in one and two[two.index("--eval-draws") + 1] == "2"
