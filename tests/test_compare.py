@@ -711,3 +711,32 @@ def test_the_report_gives_no_pixel_drift_between_scatter_plots_of_a_mixture(tmp_
     table = report.write_report(sides, tmp_path / "report", "t", "cmd")
     assert table["sample_drift"] == {}
     assert "Mean absolute difference" not in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--reuse", "--overwrite"], "--reuse and --overwrite contradict each other"),
+    (["--fp32-vs-amp", "pytorch", "--same-init"], "--fp32-vs-amp compares precisions in one framework"),
+    (["--fp32-vs-amp", "pytorch", "--amp"], "--fp32-vs-amp compares precisions in one framework"),
+])
+def test_compare_refuses_flags_that_contradict_each_other(argv, message):
+    """--same-init has no TensorFlow side to start under --fp32-vs-amp, and --reuse with
+    --overwrite would keep and replace the same runs: both refused before anything trains."""
+    with pytest.raises(UsageError, match=message):
+        compare.parse(["--model", "vanilla_gan", *argv])
+
+
+def test_reuse_refuses_a_run_of_other_initial_weights_or_of_more_iterations(tmp_path):
+    """A finished run started from its own initial weights is no --same-init run (its grids
+    would not agree at step 0), nor one of 4 iterations a run of 2: both refused, not reused
+    or continued."""
+    def plan(iters, init_from=None):
+        made = compare.Plan("vanilla_gan", "tensorflow", False, ["--iters", str(iters), *TINY], tmp_path, "cpu")
+        made.init_from = init_from
+        return made
+
+    planned_run(plan(4), 4, {"step": 4})
+    assert compare.decide(plan(4), reuse=True, overwrite=False) is None
+    with pytest.raises(UsageError, match=r"cannot reuse .*other settings \(init_from: None here"):
+        compare.decide(plan(4, init_from=tmp_path / "pytorch-fp32"), reuse=True, overwrite=False)
+    with pytest.raises(UsageError, match="it trained 4 iterations, --iters asks for 2"):
+        compare.decide(plan(2), reuse=True, overwrite=False)
