@@ -239,3 +239,10 @@ def test_a_tensorboard_server_lists_both_runs_and_their_scalars(runs, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_quality_scalars_are_the_metrics_not_the_sample_count_or_the_draws():
+    """--evaluate's figures become quality/<metric>; the sample count is no quality (a flat
+    curve of 10,000 beside FID), and the lists of --eval-draws are no scalar."""
+    metrics = {"samples": 10_000, "fid": 5.5, "classes_covered": 10, "draws": {"fid": [5.5, 6.0]}}
+    assert tensorboard.metric_scalars(metrics) == {"quality/fid": 5.5, "quality/classes_covered": 10.0}
