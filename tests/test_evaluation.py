@@ -683,3 +683,46 @@ def test_evaluate_run_reopens_a_run_as_it_was_trained_with_the_draws_asked_for(t
         assert "--no-tensorboard" in command and command[command.index("--device") + 1] == "cuda"
         assert command[command.index("--iters") + 1] == "4" and "--resume" in command
     assert "--eval-draws" not in one and two[two.index("--eval-draws") + 1] == "2"
+
+
+def measured_quality_run(runs, seed, metrics):
+    """A finished float32 ring8 run of vanilla_gan under quality_table.py's settings for `seed`,
+    measured with `metrics`, as quality_table.py would find it."""
+    from scripts import quality_table
+
+    folder = quality_table.run_folder(runs, "vanilla_gan", "ring8", "pytorch", False, seed)
+    folder.mkdir(parents=True)
+    settings = quality_table.training_settings("vanilla_gan", "ring8", "pytorch", False,
+                                               SimpleNamespace(iters=None, lr=None), seed)
+    (folder / "config.json").write_text(json.dumps({**settings, "precision": "fp32"}))
+    (folder / "summary.json").write_text(json.dumps({"step": settings["iters"], "metrics": metrics}))
+    return folder
+
+
+def test_quality_table_names_the_seed_of_a_run_of_one_seed_other_than_0(tmp_path, monkeypatch):
+    """--seeds 5: the table's rows are seed 5's, not seed 0's, and say so in a seed column."""
+    from scripts import quality_table
+
+    monkeypatch.setattr(evaluation, "real_data_floor", lambda samples: {"samples": samples, "fid": 1.0})
+    measured_quality_run(tmp_path, 5, {"samples": 10, "modes_covered": 8, "high_quality": 0.9})
+    assert quality_table.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "ring8",
+                               "--precisions", "fp32", "--seeds", "5", "--samples", "10", "--runs", str(tmp_path),
+                               "--table-only"]) == 0
+    header, _, _, row = (tmp_path / "quality_table.md").read_text().splitlines()[:4]
+    assert "| precision | seed |" in header and row.startswith("| vanilla_gan | ring8 | pytorch | fp32 | 5 |")
+
+
+def test_quality_table_reuses_a_mixture_run_measured_on_the_protocols_2500_samples(tmp_path, monkeypatch):
+    """--samples 10000 measures a 2-D mixture run on the protocol's 2,500: a run measured so is
+    measured, not evaluated again at every call."""
+    from scripts import quality_table
+
+    monkeypatch.setattr(evaluation, "real_data_floor", lambda samples: {"samples": samples, "fid": 1.0})
+    evaluated = []
+    monkeypatch.setattr(quality_table, "evaluate_run", lambda *args: evaluated.append(args))
+    measured_quality_run(tmp_path, 0, {"samples": 2500, "modes_covered": 8, "high_quality": 0.9})
+    assert quality_table.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "ring8",
+                               "--precisions", "fp32", "--samples", "10000", "--runs", str(tmp_path)]) == 0
+    assert evaluated == []
+    (row,) = [row for row in json.loads((tmp_path / "quality_table.json").read_text())["rows"] if "folder" in row]
+    assert row["metrics"]["samples"] == 2500
