@@ -726,3 +726,18 @@ def test_quality_table_reuses_a_mixture_run_measured_on_the_protocols_2500_sampl
     assert evaluated == []
     (row,) = [row for row in json.loads((tmp_path / "quality_table.json").read_text())["rows"] if "folder" in row]
     assert row["metrics"]["samples"] == 2500
+
+
+def test_evaluate_script_prints_the_floor_when_any_run_measured_images_not_only_the_last(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """An MNIST run and then a ring8 run: the MNIST run's FID is read against the floor, which
+    is printed even though the last run measured no image."""
+    mnist, ring = tmp_path / "mnist", tmp_path / "ring"
+    results = {mnist: {"samples": 100, "fid": 12.5}, ring: {"samples": 100, "modes_covered": 8}}
+    monkeypatch.setattr(evaluation, "check_evaluable", lambda folder: None)
+    monkeypatch.setattr(evaluation, "evaluate_run", lambda folder, *args: dict(results[folder]))
+    monkeypatch.setattr(evaluation, "real_data_floor", lambda samples: {"samples": samples, "fid": 2.5})
+    assert evaluate_script.main([str(mnist), str(ring), "--samples", "100"]) == 0
+    assert "real-data floor, 100 MNIST training images vs as many test images: fid 2.5" in capsys.readouterr().out
+    assert evaluate_script.main([str(ring), "--samples", "100"]) == 0
+    assert "real-data floor" not in capsys.readouterr().out  # no image measured: no floor
