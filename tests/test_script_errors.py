@@ -124,6 +124,16 @@ def test_the_largest_seed_is_taken():
     assert parse_args("vanilla_gan", "pytorch", ["--seed", str(2**32 - 1)]).seed == 2**32 - 1
 
 
+def test_the_largest_count_a_run_records_is_taken_and_one_past_it_refused(capsys):
+    """Counts go up to a checkpoint's int64, 2**63 - 1 (what the message says), that one included."""
+    largest = str(2**63 - 1)
+    assert parse_args("vanilla_gan", "pytorch", ["--nonfinite-patience", largest]).nonfinite_patience == 2**63 - 1
+    assert parse_args("vanilla_gan", "pytorch", ["--checkpoint-every", largest]).checkpoint_every == 2**63 - 1
+    err = one_line_exit(capsys, lambda: parse_args("vanilla_gan", "pytorch", ["--nonfinite-patience", str(2**63)]),
+                        code=2)
+    assert f"argument --nonfinite-patience: must be at most 2**63 - 1, got {2**63}" in err, err
+
+
 def test_dcgan_refuses_a_huge_image_size_before_loading_anything(tmp_path, capsys):
     from GAN.dcgan import dcgan_pytorch
 
