@@ -550,6 +550,17 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
             f"CPU: unreadable (summary.json's \"cpu\" is not what a run writes) ({folders['pytorch']})")
 
 
+def test_summarize_runs_names_a_mistyped_folder_beside_a_sound_one(tmp_path, capsys):
+    """`summarize_runs.py runs/a runs/tpyo`: the table of runs/a alone, exit 0, left out the
+    runs the user asked for without a word; the missing folder is named in one line instead."""
+    from scripts import summarize_runs
+
+    fake_compare_runs(tmp_path / "runs")
+    missing = tmp_path / "missing"
+    err = one_line_exit(capsys, lambda: summarize_runs.main([str(tmp_path / "runs"), str(missing)]), code=1)
+    assert err == f"error: {missing} is not a folder (name folders holding run folders)", err
+
+
 def table_cells(row: str) -> list[str]:
     """A markdown table row's cells, split where GitHub's parser splits them: at every `|` that
     no backslash precedes."""
