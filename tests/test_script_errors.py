@@ -750,6 +750,20 @@ def test_ctrl_c_reaches_the_child_which_saves_before_the_parent_stops_in_one_lin
     assert (tmp_path / "marker").read_text() == "saved"
 
 
+def test_a_child_that_stopped_on_its_own_ctrl_c_stops_the_parent_too():
+    """A child that exits 130 was interrupted (its checkpoint saved): the script that ran it
+    stops as well, with its one line and 130, and does not go on to the next run as if the
+    child had failed, or read the results it never wrote. Other statuses are the caller's."""
+    import sys
+
+    from common.errors import Interrupted, run_child
+
+    with pytest.raises(Interrupted, match="^interrupted: the run saved a checkpoint$") as stopped:
+        run_child([sys.executable, "-c", "import sys; sys.exit(130)"], "the run saved a checkpoint")
+    assert stopped.value.exit_code == 130
+    assert run_child([sys.executable, "-c", "import sys; sys.exit(1)"], "unused").returncode == 1
+
+
 def test_a_reader_that_goes_away_stops_a_script_quietly(tmp_path):
     """`python GAN/vanilla_gan/gan_pytorch.py ... | head -1`: a BrokenPipeError traceback."""
     import subprocess
