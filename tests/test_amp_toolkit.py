@@ -747,6 +747,20 @@ def test_benchmark_compiled_and_host_loader_rows_compare_with_eager_resident_fp3
         "vanilla_gan/tensorflow-fp32-compiled-workers2")
 
 
+def test_benchmark_gives_replica_rows_a_scaling_and_no_speedup_over_one_replica(tmp_path, monkeypatch):
+    """A row of two replicas is read against its one-replica row ("scaling"); a speedup over
+    the one-replica float32 row would mix what AMP buys with what the second replica does."""
+    from scripts import benchmark
+
+    FakeScripts(monkeypatch, lambda command, call: 5.0 if "--amp" in command else 10.0)
+    assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32", "amp-bf16",
+                           "--replicas", "2", "--iters", "4", "--log-every", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
+    assert [(row["precision"], row["replicas"], row.get("speedup"), row.get("scaling")) for row in rows] == [
+        ("fp32", 1, None, None), ("fp32", 2, None, pytest.approx(0.5)),
+        ("amp-bf16", 1, pytest.approx(2.0), None), ("amp-bf16", 2, None, pytest.approx(0.5))]
+
+
 def test_benchmark_replica_rows_run_torchrun_and_mirrored_and_give_the_scaling(tmp_path, capsys):
     """The real scripts, in processes of their own, one and two replicas in each framework."""
     from scripts import benchmark
