@@ -761,6 +761,39 @@ def test_benchmark_gives_replica_rows_a_scaling_and_no_speedup_over_one_replica(
         ("amp-bf16", 1, pytest.approx(2.0), None), ("amp-bf16", 2, None, pytest.approx(0.5))]
 
 
+def test_benchmark_interrupted_in_a_configuration_marks_its_run_for_the_next_benchmark(tmp_path, capsys,
+                                                                                     monkeypatch):
+    """Ctrl-C while a configuration trains: its script saves and exits 130, the benchmark stops
+    in one line, and the run it leaves is marked as the benchmark's, so that the next
+    benchmark replaces it instead of refusing it as a run of the user's."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    fake_run = scripts.__call__
+
+    def interrupted(command, **kwargs):
+        result = fake_run(command, **kwargs)
+        if "--out" not in command:
+            return result
+        config = Path(command[command.index("--out") + 1]) / "config.json"  # as the script wrote it
+        config.write_text(json.dumps({**json.loads(config.read_text()), "model": "vanilla_gan",
+                                      "framework": "pytorch"}))
+        return subprocess.CompletedProcess(command, 130, "", "error: interrupted\n")
+
+    monkeypatch.setattr(subprocess, "run", interrupted)
+    argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32", "--iters", "4",
+            "--log-every", "2", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(argv)
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.strip() == ("error: interrupted: the benchmark stopped at vanilla_gan pytorch "
+                                               "fp32; no table was written")
+    run = tmp_path / "vanilla_gan" / "pytorch-fp32"
+    assert json.loads((run / "config.json").read_text())["benchmark"] is True
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert benchmark.main(argv) == 0  # the next benchmark replaces it
+
+
 def test_benchmark_replica_rows_run_torchrun_and_mirrored_and_give_the_scaling(tmp_path, capsys):
     """The real scripts, in processes of their own, one and two replicas in each framework."""
     from scripts import benchmark
