@@ -794,6 +794,23 @@ def test_benchmark_interrupted_in_a_configuration_marks_its_run_for_the_next_ben
     assert benchmark.main(argv) == 0  # the next benchmark replaces it
 
 
+def test_benchmark_measures_no_xla_row_of_replicas_which_the_scripts_refuse(tmp_path, capsys, monkeypatch):
+    """--compiled --replicas 2 in TensorFlow: XLA under --distribute is refused by the script,
+    so the benchmark plans no such row (a failure at the end, exit 1, for a row never possible);
+    PyTorch's compiled row of replicas is measured."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    assert benchmark.main(["--models", "vanilla_gan", "--precisions", "fp32", "--compiled", "--replicas", "2",
+                           "--iters", "4", "--log-every", "2", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""
+    rows = json.loads((tmp_path / "benchmark.json").read_text())["rows"]
+    assert [(row["framework"], row["compiler"], row["replicas"]) for row in rows] == [
+        ("pytorch", "-", 1), ("pytorch", "-", 2), ("pytorch", "torch.compile", 1), ("pytorch", "torch.compile", 2),
+        ("tensorflow", "-", 1), ("tensorflow", "-", 2), ("tensorflow", "XLA", 1)]
+    assert len(scripts.commands) == 7
+
+
 def test_benchmark_replica_rows_run_torchrun_and_mirrored_and_give_the_scaling(tmp_path, capsys):
     """The real scripts, in processes of their own, one and two replicas in each framework."""
     from scripts import benchmark
