@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common import loop
+from common import loop, models
 from common.config import RunConfig, parse_args
 from common.distributed import OneProcess
 from common.runs import RunFolder
@@ -499,7 +499,11 @@ class FakeScripts:
         precision = {"bfloat16": "amp-bf16", "float16": "amp-fp16"}.get(
             command[command.index("--amp-dtype") + 1] if "--amp-dtype" in command else None, "fp32")
         tf32 = command[command.index("--tf32") + 1] if "--tf32" in command else "auto"
-        (out / "config.json").write_text(json.dumps({"precision": precision, "device": self.device, "tf32": tf32}))
+        script = next(part for part in command if part.endswith(".py"))
+        model, framework = next((model.key, framework) for model in models.MODELS.values()
+                                for framework in models.FRAMEWORKS if str(model.script(framework)) == script)
+        (out / "config.json").write_text(json.dumps({"model": model, "framework": framework, "precision": precision,
+                                                     "device": self.device, "tf32": tf32}))
         return subprocess.CompletedProcess(command, 0, "", "")
 
 
@@ -772,12 +776,9 @@ def test_benchmark_interrupted_in_a_configuration_marks_its_run_for_the_next_ben
     fake_run = scripts.__call__
 
     def interrupted(command, **kwargs):
-        result = fake_run(command, **kwargs)
+        result = fake_run(command, **kwargs)  # the run folder as the script leaves it
         if "--out" not in command:
             return result
-        config = Path(command[command.index("--out") + 1]) / "config.json"  # as the script wrote it
-        config.write_text(json.dumps({**json.loads(config.read_text()), "model": "vanilla_gan",
-                                      "framework": "pytorch"}))
         return subprocess.CompletedProcess(command, 130, "", "error: interrupted\n")
 
     monkeypatch.setattr(subprocess, "run", interrupted)
