@@ -302,6 +302,11 @@ def _write_npz_with_float_images(path: Path) -> None:
     np.savez(path, x_test=np.zeros((1, 28, 28), np.float32), y_test=np.zeros(1, np.uint8))
 
 
+def _write_npz_with_float_labels(path: Path) -> None:
+    """Labels of 2.7 and 9.5 would have become classes 2 and 9 without a word."""
+    np.savez(path, x_test=np.zeros((2, 28, 28), np.uint8), y_test=np.array([2.7, 9.5], np.float32))
+
+
 def _write_npz_claiming(images: int, held: int):
     """An archive whose x_test header claims `images` images while its member holds `held`:
     numpy would allocate what the header claims before reading."""
@@ -389,12 +394,13 @@ def test_images_of_no_pixels_are_refused(tmp_path, source):
         (_write_npz_missing_test_split, "lacks the arrays x_test, y_test"),
         (_write_npz_with_object_array, "not a readable .npz archive"),
         (_write_npz_with_float_images, "expected uint8"),
+        (_write_npz_with_float_labels, "y_test is float32 (2,), expected integer (N,)"),
         (_write_npz_compressed_with_bzip2, "x_test is compressed with zip method 12, not stored or deflated"),
         (_write_npz_encrypted, "is encrypted, password required"),
         (_write_npz_of_a_later_zip_version, "zip file version 15.6"),
     ],
     ids=["not-zip", "claims-petabytes", "truncated", "index-lies", "missing-keys", "object-array", "float-images",
-         "bzip2-bomb", "encrypted", "later-zip-version"],
+         "float-labels", "bzip2-bomb", "encrypted", "later-zip-version"],
 )
 def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
     write(tmp_path / "mnist.npz")
