@@ -94,6 +94,9 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
                                                                "--dataset ring8 is 2-D points"),
     (["--dataset", "grid25", "--data-dir", "."], "--dataset grid25 is 2-D points sampled in memory: leave it out"),
     (["--batch-size", "64", "--data-limit", "10"], "smaller than --batch-size"),
+    # a factor of 1 leaves the float16 loss scale where it is: it never grows back, or never backs off
+    (["--growth-factor", "1"], "--growth-factor 1.0 must be above 1"),
+    (["--backoff-factor", "1"], "--backoff-factor 1.0 must be between 0 and 1"),
     # its sample grids became images of the folder: the run's --resume, and evaluate.py, then
     # said the data held "both class folders and loose images"
     (["--dataset", "folder", "--data-dir", "/data/faces", "--out", "/data/faces/run"],
