@@ -157,6 +157,42 @@ def test_tf32_flag_sets_both_frameworks_and_auto_leaves_their_defaults():
     assert parse().tf32 == "auto" and '"tf32": "off"' in parse("--tf32", "off").to_json()
 
 
+def test_tf32_auto_reports_pytorchs_own_defaults_where_no_level_sets_them():
+    """"none" defers to the level above; where no level sets it, PyTorch runs CUDA's float32
+    matmuls in IEEE float32 and cuDNN's convolutions in TF32: what a CUDA run's first line says."""
+    import torch
+
+    from common.pytorch import runtime as torch_runtime
+
+    backends = torch.backends
+    levels = (backends.cuda.matmul, backends.cudnn.conv, backends.cudnn, backends)
+    saved = [level.fp32_precision for level in levels]
+    try:
+        for level in levels:
+            level.fp32_precision = "none"
+        assert torch_runtime.set_tf32("auto") == "float32 matmuls ieee, convolutions tf32"
+        backends.cudnn.fp32_precision = "ieee"  # a level above the convolutions' own
+        assert torch_runtime.set_tf32("auto") == "float32 matmuls ieee, convolutions ieee"
+    finally:
+        for level, precision in reversed(list(zip(levels, saved))):
+            level.fp32_precision = precision
+
+
+def test_only_float16_on_a_onednn_cpu_turns_tensorflows_remapper_off(monkeypatch):
+    """Grappler's fused MatMul+BiasAdd went to oneDNN's reference kernel for float16 on a CPU
+    (1,587 ms a step, 21 ms unfused); a GPU's float16, bfloat16 and float32 keep the fusion, and
+    so does a CPU whose build runs no oneDNN, or does not say."""
+    from common.tensorflow import runtime as tf_runtime
+
+    monkeypatch.setattr(tf_runtime, "onednn_enabled", lambda: True)
+    assert tf_runtime.fuses_float16_slowly("amp-fp16", "cpu")
+    assert not any(tf_runtime.fuses_float16_slowly(precision, device) for precision, device in
+                   (("amp-fp16", "cuda"), ("amp-bf16", "cpu"), ("fp32", "cpu"), ("amp-bf16", "cuda")))
+    for off_or_unknown in (False, None):
+        monkeypatch.setattr(tf_runtime, "onednn_enabled", lambda: off_or_unknown)
+        assert not tf_runtime.fuses_float16_slowly("amp-fp16", "cpu")
+
+
 def test_bfloat16_where_it_cannot_run_is_refused():
     cfg = RunConfig(model="m", framework="pytorch", amp=True, amp_dtype="bfloat16")
     with pytest.raises(UsageError, match="not supported"):
