@@ -356,6 +356,8 @@ def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
                 "--lr", "0.002", "--iters", "4", "--resume")
     # an --out of its own names no precision, as a default folder does: the run's is kept
     expect_exit(1, "precision: 'fp32' -> 'amp-bf16'", capsys, "pytorch", out, "--amp", "--iters", "4", "--resume")
+    # another --data-limit is another epoch's permutation and other examples: no bit-exact resume
+    expect_exit(1, "data_limit: 256 -> 128", capsys, "pytorch", out, "--data-limit", "128", "--iters", "4", "--resume")
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
