@@ -166,6 +166,25 @@ def test_a_run_that_ends_on_nonfinite_weights_keeps_its_last_state_and_says_so(t
     assert "since step 30 (11 steps, fewer than --nonfinite-patience 100," in warnings[0]
 
 
+def test_reopening_a_run_that_ended_on_inf_nan_losses_trains_nothing_and_warns_nothing(tmp_path, monkeypatch):
+    """evaluate.py reopens a finished run with --resume at its --iters: the inf/NaN streak its
+    last checkpoint records was said by the process that trained it; the reopening trains
+    nothing, and says nothing of it."""
+    values = lambda step: {"loss": math.nan if step >= 30 else 1.0}
+    _, _, messages, session = run_loop(tmp_path, values, iters=40, checkpoint_every=5, nonfinite_patience=100)
+    assert len([m for m in messages if m.startswith("warning: the run ends with its losses inf/NaN")]) == 1
+    last = session.saved_meta[-1]
+    assert (last["step"], last["nonfinite_streak"]) == (40, 11)
+
+    monkeypatch.setattr(ScriptedSession, "restore", lambda self, path, model: dict(last), raising=False)
+    cfg = RunConfig(model="fake", framework="none", batch_size=4, tensorboard=False, iters=40, resume=True,
+                    log_every=10, sample_every=0, checkpoint_every=0, nonfinite_patience=100)
+    reopened, messages = ScriptedSession(values), []
+    summary = loop.train(cfg, RunFolder(tmp_path / "run"), reopened, num_examples=64, log=messages.append)
+    assert reopened.step == 0 and summary["step"] == 40  # nothing trained
+    assert not [m for m in messages if m.startswith("warning")], messages
+
+
 def test_a_checkpoint_between_log_steps_records_the_inf_nan_streak_up_to_its_step(tmp_path):
     # losses inf/NaN at steps 1-10 and from 13 on; a row every 10 steps, a checkpoint every 5
     values = lambda step: {"loss": math.nan if step <= 10 or step >= 13 else 1.0}
