@@ -543,7 +543,8 @@ def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
     assert capsys.readouterr().out.splitlines()[-2] == (  # a CUDA run: its GPU too, on the line
         f"CPU: AMD EPYC, 2 cores, avx512_bf16 yes, amx_bf16 no; GPU: NVIDIA H100 ({folders['pytorch']})")
-    for edited in ({}, {**machine, "avx512_bf16": "yes"}, ["AMD EPYC"]):  # never this machine's, nor a traceback
+    # never this machine's, nor a traceback; a count of cores as text would have printed as one
+    for edited in ({}, {**machine, "avx512_bf16": "yes"}, {**machine, "cores": "2"}, ["AMD EPYC"]):
         (folders["pytorch"] / "summary.json").write_text(json.dumps({**summary, "cpu": edited}))
         assert summarize_runs.main([str(tmp_path / "runs")]) == 0
         assert capsys.readouterr().out.splitlines()[-2] == (
