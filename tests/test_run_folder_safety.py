@@ -85,6 +85,23 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
     assert json.loads((run / "config.json").read_text())["iters"] == 1
 
 
+def test_overwrite_keeps_a_users_files_whose_names_begin_like_a_runs(tmp_path, capsys):
+    """What --overwrite deletes is matched by the whole name: config.json.bak, a samples_old/
+    folder and checkpoints/step_000002.pt.bak are the user's copies, not the run's files."""
+    run = tmp_path / "run"
+    train(run)
+    (run / "config.json.bak").write_text("x")
+    (run / "samples_old").mkdir()
+    (run / "samples_old" / "step_000002.png").write_text("x")
+    (run / "checkpoints" / "step_000002.pt.bak").write_text("x")
+    capsys.readouterr()
+    train(run, "--overwrite", "--iters", "1")
+    assert ("--overwrite: kept checkpoints/step_000002.pt.bak, config.json.bak, samples_old in"
+            in capsys.readouterr().out)
+    assert (run / "config.json.bak").read_text() == "x" and (run / "samples_old" / "step_000002.png").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001.pt", "step_000002.pt.bak"]
+
+
 def test_a_grid_is_written_over_whatever_holds_its_name(tmp_path):
     """A grid is written to a temporary file and renamed over its path: a FIFO there was a
     traceback (or a blocked open), and a run killed mid-write leaves no half a PNG."""
