@@ -255,6 +255,13 @@ def test_a_run_resumed_under_other_library_versions_says_so_and_keeps_the_earlie
     assert "other library versions" not in capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["earlier_versions"] == [old]
 
+    # another change: the versions of every part so far, the first one's too
+    older = {**current, "numpy": "1.0.0"}
+    (run / "config.json").write_text(json.dumps({**json.loads((run / "config.json").read_text()), "versions": older}))
+    train(run, "--resume", "--iters", "8")
+    assert "(numpy 1.0.0 -> " in capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["earlier_versions"] == [old, older]
+
 
 # --- 5. only regular files are opened ---------------------------------------------------------
 
