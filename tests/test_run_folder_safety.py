@@ -789,6 +789,19 @@ def test_a_loss_scale_of_zero_counts_as_a_state_not_to_checkpoint():
     assert checkpoints.nonfinite().startswith("optimizer/generator")
 
 
+def test_checkpoints_past_a_million_steps_are_ordered_by_step_not_by_name(tmp_path):
+    """step_1000000.pt sorts before step_999999.pt by name, but it is the later checkpoint:
+    --resume picks it, and pruning keeps it with the one before."""
+    run = RunFolder(tmp_path)
+    run.checkpoints.mkdir()
+    for step in (999_998, 999_999, 1_000_000):
+        run.checkpoint_path(step, "pt").write_bytes(b"state")
+    assert [step for step, _ in run.list_checkpoints()] == [999_998, 999_999, 1_000_000]
+    assert run.latest_checkpoint() == (1_000_000, tmp_path / "checkpoints" / "step_1000000.pt")
+    run.prune_checkpoints()
+    assert {p.name for p in run.checkpoints.iterdir()} == {"step_999999.pt", "step_1000000.pt"}
+
+
 def test_a_full_disk_at_a_history_row_names_the_history_file(tmp_path, monkeypatch):
     """The row is written through a bare descriptor, whose error named no file ("cannot write
     the output: No space left on device")."""
