@@ -73,33 +73,23 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
     (run / "checkpoints" / "best_keep.pt").write_text("x")
     (run / "checkpoints" / ".step_000007.pt.tmp-12").write_text("x")  # a killed save's leftover
     (run / "samples" / ".step_000003.png.tmp-12").write_text("x")  # a killed grid's
-    refused(capsys, "already holds a run", run, code=2)
-    capsys.readouterr()
-    train(run, "--overwrite", "--iters", "1")  # the run is replaced, all of it, and nothing else
-    assert ("--overwrite: kept checkpoints/best_keep.pt, mydata, notes.txt, samples/my_notes.txt in"
-            in capsys.readouterr().out)
-    assert (run / "notes.txt").read_text() == "x" and (run / "mydata" / "train-images-idx3-ubyte").exists()
-    assert sorted(p.name for p in (run / "samples").iterdir()) == ["my_notes.txt", "step_000000.png",
-                                                                  "step_000001.png"]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best_keep.pt", "step_000001.pt"]
-    assert json.loads((run / "config.json").read_text())["iters"] == 1
-
-
-def test_overwrite_keeps_a_users_files_whose_names_begin_like_a_runs(tmp_path, capsys):
-    """What --overwrite deletes is matched by the whole name: config.json.bak, a samples_old/
-    folder and checkpoints/step_000002.pt.bak are the user's copies, not the run's files."""
-    run = tmp_path / "run"
-    train(run)
+    # names that only begin like a run's (matched whole): the user's copies
     (run / "config.json.bak").write_text("x")
     (run / "samples_old").mkdir()
     (run / "samples_old" / "step_000002.png").write_text("x")
     (run / "checkpoints" / "step_000002.pt.bak").write_text("x")
+    refused(capsys, "already holds a run", run, code=2)
     capsys.readouterr()
-    train(run, "--overwrite", "--iters", "1")
-    assert ("--overwrite: kept checkpoints/step_000002.pt.bak, config.json.bak, samples_old in"
-            in capsys.readouterr().out)
+    train(run, "--overwrite", "--iters", "1")  # the run is replaced, all of it, and nothing else
+    assert ("--overwrite: kept checkpoints/best_keep.pt, checkpoints/step_000002.pt.bak, config.json.bak, mydata, "
+            "notes.txt, samples/my_notes.txt, samples_old in" in capsys.readouterr().out)
+    assert (run / "notes.txt").read_text() == "x" and (run / "mydata" / "train-images-idx3-ubyte").exists()
     assert (run / "config.json.bak").read_text() == "x" and (run / "samples_old" / "step_000002.png").exists()
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001.pt", "step_000002.pt.bak"]
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["my_notes.txt", "step_000000.png",
+                                                                  "step_000001.png"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best_keep.pt", "step_000001.pt",
+                                                                      "step_000002.pt.bak"]
+    assert json.loads((run / "config.json").read_text())["iters"] == 1
 
 
 def test_a_grid_is_written_over_whatever_holds_its_name(tmp_path):
