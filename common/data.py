@@ -38,6 +38,7 @@ from numpy.lib.npyio import NpzFile
 from PIL import Image
 
 from common import models
+from common.config import MAX_IMAGE_SIZE
 from common.errors import DataError, escaped_line_breaks
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "folder", "ring8", "grid25")
@@ -112,8 +113,11 @@ def load_dataset(
         x, y = _load_mnist_like(name, _require_dir(data_dir, name), split)
     if limit is not None:
         x, y = x[:limit].copy(), y[:limit].copy()  # copies, so the full arrays can be freed
-    if image_size is not None and x.ndim == 4 and name != "folder":
-        x = _resize_images(x, image_size)
+    if x.ndim == 4 and name != "folder":  # a folder's images are sized as they are decoded
+        if image_size is not None:
+            x = _resize_images(x, image_size)
+        else:
+            _check_native_size(x.shape[2], x.shape[1], data_dir or name)
     return Dataset(name=name, x=x, y=y)
 
 
@@ -367,6 +371,14 @@ def _find_idx(folder: Path, name: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def _check_native_size(width: int, height: int, source) -> None:
+    """Images kept at their own size stay within --image-size's bound: a folder of photos would
+    otherwise give an MLP a first layer of tens of GB (the vanilla GAN asked 27.6 GB at 1500x1500)."""
+    if max(width, height) > MAX_IMAGE_SIZE:
+        raise DataError(f"{source} holds images of {width}x{height} pixels, more than the {MAX_IMAGE_SIZE} "
+                        f"a side the models take; pass an image size (--image-size 28, say) to resize them")
 
 
 def _check_image_sides(images: np.ndarray, path: Path) -> None:
@@ -742,6 +754,7 @@ def _load_image_folder(root: Path, image_size: int | None, limit: int | None = N
                     f"{root} holds images of different sizes ({first.relative_to(root)} is {width}x{height}, "
                     f"{path.relative_to(root)} is {size[0]}x{size[1]}); pass an image size to resize them all"
                 )
+        _check_native_size(width, height, root)  # before any is decoded
     channels = 1 if grayscale else 3
     files = files[:limit]
     images = np.empty((len(files), height, width, channels), dtype=np.uint8)

@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from common import data
+from common.config import MAX_IMAGE_SIZE
 from common.data import (
     DATASETS,
     GRID25_MEANS,
@@ -628,6 +629,30 @@ def test_folder_with_mixed_sizes_needs_an_image_size(tmp_path):
     save_image(tmp_path / "b" / "large.png", random_pixels((16, 12, 3), 1))
     with data_error("8x8", "12x16", "pass an image size"):
         load_dataset("folder", tmp_path)
+
+
+def test_folder_images_past_the_image_size_bound_need_an_image_size_before_any_is_decoded(tmp_path):
+    """A folder of photos at their own size gave an MLP a first layer of tens of GB (1500x1500
+    RGB asked 27.6 GB of the vanilla GAN). The headers tell: a body that cannot be decoded is
+    not reached. At the bound, and resized, the same images load."""
+    save_image(tmp_path / "at_bound.png", np.zeros((MAX_IMAGE_SIZE, 3), np.uint8))
+    assert load_dataset("folder", tmp_path).x.shape == (1, MAX_IMAGE_SIZE, 3, 1)
+    wide = save_image(tmp_path / "wide.png", np.zeros((3, MAX_IMAGE_SIZE + 1), np.uint8))
+    (tmp_path / "at_bound.png").unlink()
+    (tmp_path / "wide.png").write_bytes((tmp_path / "wide.png").read_bytes()[:60])  # header only
+    with data_error(f"{MAX_IMAGE_SIZE + 1}x3", f"more than the {MAX_IMAGE_SIZE}", "pass an image size"):
+        load_dataset("folder", tmp_path)
+    save_image(tmp_path / "wide.png", wide)
+    assert load_dataset("folder", tmp_path, image_size=4).x.shape == (1, 4, 4, 1)
+
+
+def test_idx_images_past_the_image_size_bound_need_an_image_size(tmp_path):
+    tall = np.zeros((2, MAX_IMAGE_SIZE + 1, 2), np.uint8)
+    write_bytes(tmp_path / "train-images-idx3-ubyte", idx_bytes(tall))
+    write_bytes(tmp_path / "train-labels-idx1-ubyte", idx_bytes(np.zeros(2, np.uint8)))
+    with data_error(str(tmp_path), f"2x{MAX_IMAGE_SIZE + 1}", "pass an image size"):
+        load_dataset("mnist", tmp_path)
+    assert load_dataset("mnist", tmp_path, image_size=3).x.shape == (2, 3, 3, 1)
 
 
 def test_folder_images_are_resized_to_image_size(tmp_path):
