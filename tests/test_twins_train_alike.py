@@ -191,14 +191,16 @@ def test_the_twins_take_the_same_training_steps(model):
 
     # the gradients themselves: Adam's step barely changes when a gradient is 3x what it
     # should be, its first moment is 3x (measured: 3e-6 of the norm apart, DCGAN's G; WGAN-GP's
-    # critic's output bias has none, in both)
+    # critic's output bias has none, in both). Not closer than 1e-3: a ReLU whose input is
+    # within rounding of 0 passes its gradient in one twin only (DCGAN's G at one OpenMP thread:
+    # one input of -2.2e-7 in PyTorch, +4.6e-7 in TensorFlow, 5.5e-4 of the norm apart below it).
     for name, network in torch_step.modules.items():
         torch_moments = first_moments("pytorch", torch_step, network)
         keras_moments = first_moments("tensorflow", keras_step, keras_step.modules[name])
         assert [m.shape for m in torch_moments] == [m.shape for m in keras_moments], f"{model} {name}"
         for index, (a, b) in enumerate(zip(torch_moments, keras_moments)):
             apart, norm = np.linalg.norm(a.astype(np.float64) - b), np.linalg.norm(a.astype(np.float64))
-            assert apart <= 1e-4 * norm, f"{model} {name} gradient {index}: {apart / norm:.3g} of its norm apart"
+            assert apart <= 1e-3 * norm, f"{model} {name} gradient {index}: {apart / norm:.3g} of its norm apart"
 
     lr = torch_step.cfg.lr
     for name, network in torch_step.modules.items():
@@ -210,14 +212,15 @@ def test_the_twins_take_the_same_training_steps(model):
         # the one exception: WGAN-GP's critic's output bias, which E[C(fake)] - E[C(real)] cancels
         still = int(model == "wgan_gp" and name == "discriminator")
         assert moved == len(start[name]) - still, f"{model} {name}: some weights did not train"
-    # closer: 1e-5 of their moves and 4 float32 roundings (the running variance moves by the
-    # unbiased batch variance in both; Keras' own layer, by the biased one, is 5e-5 of the move
-    # apart in DCGAN)
+    # 1e-4 of their moves and 4 float32 roundings: a batch mean near 0 is a sum that cancels,
+    # which PyTorch's kernels round differently at one OpenMP thread (DCGAN's D: 2.2e-5 of the
+    # move apart). Keras' own layer moves the variance by the biased batch variance, 5e-5 of the
+    # move apart here: tests/test_batch_norm.py tells the two apart, on batches where they differ by 36/35.
     for name, network in torch_step.modules.items():
         for index, (a, b, a0) in enumerate(zip(running_statistics("pytorch", network),
                                                running_statistics("tensorflow", keras_step.modules[name]),
                                                start_statistics[name])):
-            allowed = 1e-5 * np.abs(a - a0) + 4 * np.spacing(np.abs(a))
+            allowed = 1e-4 * np.abs(a - a0) + 4 * np.spacing(np.abs(a))
             assert np.all(np.abs(b - a) <= allowed), (
                 f"{model} {name} batch-norm statistic {index}: {np.max(np.abs(b - a) / allowed):.3g}x the allowed")
     for name, average in torch_step.averages.items():
