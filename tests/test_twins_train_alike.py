@@ -193,7 +193,7 @@ def test_the_twins_take_the_same_training_steps(model):
     # should be, its first moment is 3x (measured: 3e-6 of the norm apart, DCGAN's G; WGAN-GP's
     # critic's output bias has none, in both). Not closer than 1e-3: a ReLU whose input is
     # within rounding of 0 passes its gradient in one twin only (DCGAN's G at one OpenMP thread:
-    # one input of -2.2e-7 in PyTorch, +4.6e-7 in TensorFlow, 5.5e-4 of the norm apart below it).
+    # one input was -2.2e-7 there and +4.6e-7 at two threads: 5.5e-4 of the norm apart below it).
     for name, network in torch_step.modules.items():
         torch_moments = first_moments("pytorch", torch_step, network)
         keras_moments = first_moments("tensorflow", keras_step, keras_step.modules[name])
