@@ -154,3 +154,38 @@ def test_sample_grids_and_evaluation_leave_training_as_it_was(framework, tmp_pat
     for key in without:
         np.testing.assert_array_equal(with_grids[key], without[key], err_msg=key)
     assert len(list((tmp_path / "grids" / "samples").glob("*.png"))) == 4  # steps 0 to 3
+
+
+def test_the_average_of_g_samples_on_its_running_statistics_and_leaves_them_pytorch(tmp_path):
+    """Under --ema-decay the grids and the evaluation sample the average of G, which the session
+    puts in inference mode with the networks: left in training mode, each grid was normalised
+    by its own batch's statistics and moved the average's running ones. (Mutation round 8:
+    leaving the average out of Session._inference's eval() went unseen; the test above runs
+    --ema-decay 0.)"""
+    from common.config import parse_args
+    from common.pytorch.data import load_data
+    from common.pytorch.runtime import setup
+    from common.pytorch.session import Session
+    from common.runs import RunFolder
+    from GAN import gan_step_pytorch
+    from GAN.dcgan import dcgan_pytorch
+
+    cfg = parse_args("dcgan", "pytorch", ["--ema-decay", "0.5", "--width", "4", "--batch-size", "16",
+                                          "--data-limit", "64"])
+    runtime = setup(cfg, log=lambda *_: None)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = dcgan_pytorch.build_networks(data.sample_shape, cfg.width)
+    gan = gan_step_pytorch.GAN(networks["generator"], networks["discriminator"], dcgan_pytorch.discriminator_loss,
+                               dcgan_pytorch.generator_loss, hparams.Z_DIM, cfg, runtime, data)
+    gan.average.start_from(gan.generator)
+    session = Session(gan, data, runtime)
+    session.train_step(session.upload_batches(np.arange(16)[None])[0])
+    statistics = {key: tensor.clone() for key, tensor in gan.average.module.state_dict().items() if "running" in key}
+    assert len(statistics) >= 4
+    run = RunFolder(tmp_path)
+    run.samples.mkdir(parents=True)
+    session.write_samples(run, 1)
+    assert run.sample_path(1).is_file()
+    after = gan.average.module.state_dict()
+    for key, tensor in statistics.items():
+        assert torch.equal(after[key], tensor), key
