@@ -427,6 +427,8 @@ PT_EDITS = {
         next(iter(s["modules"]["generator"])), torch.zeros(2, 2)), "is (2, 2), expected a Tensor like ("),
     "scale a string": (lambda s: s["scaler"].__setitem__("scale", "big"), "scaler/scale"),
     "ema updates negative": (lambda s: s["averages"]["generator"].__setitem__("updates", -3), "updates"),
+    # another version of the file's layout (mutation round 8: the format check dropped went unseen)
+    "format another": (lambda s: s.__setitem__("format", 2), "(ValueError: not a checkpoint of this repository)"),
     # Adam's step -1 divided by zero; NaN weights or moments trained on, exit 0
     "adam step negative": (lambda s: [slot.__setitem__("step", torch.tensor(-1.0))
                                       for slot in s["optimizers"]["generator"]["state"].values()],
