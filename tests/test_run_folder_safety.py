@@ -440,6 +440,11 @@ PT_EDITS = {
     "adam step fractional": (lambda s: [slot.__setitem__("step", torch.tensor(2.5))
                                         for slot in s["optimizers"]["generator"]["state"].values()],
                              "optimizers/generator/state/0/step is 2.5, not a count"),
+    # load_state_dict keeps a step's dtype: an integer one failed the next step with a traceback
+    # (mutation round 8: the floating-point check of the state dropped went unseen)
+    "adam step an integer": (lambda s: [slot.__setitem__("step", slot["step"].long())
+                                        for slot in s["optimizers"]["generator"]["state"].values()],
+                             "optimizers/generator/state/0/step is (), the weight is ("),
     # Adam's square root of it NaN'd the weights, trained on, exit 0
     "a second moment negative": (lambda s: s["optimizers"]["generator"]["state"][0]["exp_avg_sq"].fill_(-1.0),
                                  "optimizers/generator/state/0/exp_avg_sq holds a negative number"),
