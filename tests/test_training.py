@@ -774,6 +774,29 @@ def test_profile_of_a_run_too_short_for_its_window_says_so(tmp_path, capsys):
     assert "--profile" not in capsys.readouterr().out
 
 
+def test_pytorch_profile_rows_are_milliseconds_about_the_profiled_wall_time(tmp_path):
+    """The rows' self times are milliseconds: on a CPU the products that fill the window add
+    up to about its wall time (bounds of 10x either way: a busy machine stretches both). (Mutation
+    round 8: the profiler's microseconds handed on without / 1000, a table 1000x too slow, went
+    unseen.)"""
+    import torch
+
+    from common.pytorch.profiling import Profiler
+
+    profiler = Profiler(torch.device("cpu"))
+    a = torch.randn(256, 256)
+    profiler.start(tmp_path)
+    began = time.perf_counter()
+    for _ in range(20):
+        a = torch.mm(a, a).tanh()
+    wall_ms = (time.perf_counter() - began) * 1000
+    rows, where = profiler.stop(tmp_path)
+    total = sum(ms for _, _, ms in rows)
+    assert (tmp_path / "trace.json").is_file() and str(tmp_path / "trace.json") in where
+    assert 0.1 * wall_ms <= total <= 10 * wall_ms, (total, wall_ms)
+    assert {"aten::mm": 20, "aten::tanh": 20}.items() <= {name: calls for name, calls, _ in rows}.items()
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_profile_into_a_file_is_refused_before_the_first_step(framework, tmp_path, capsys):
     """A `profile` file in the run folder failed only when the window ended (TensorFlow with a
