@@ -451,6 +451,20 @@ def test_precision_report_shows_what_ran_in_16_bits_pytorch(tmp_path, capsys):
     assert plain["final"] == reported["final"]
 
 
+def test_precision_report_leaves_the_float16_loss_scale_as_it_was_pytorch(tmp_path):
+    """Under float16 the probe step's scaler.update() counts a clean step too: the report puts
+    the scaler back, so the scale grows at the same steps as without the report. (Mutation round
+    8: the scaler's state left as the probe step made it went unseen; the test above runs
+    bfloat16, whose scaler is off.)"""
+    from GAN.vanilla_gan import gan_pytorch
+
+    flags = [*TINY, "--iters", "4", "--log-every", "1", "--amp", "--amp-dtype", "float16", "--init-scale", "8",
+             "--growth-interval", "2", "--no-tensorboard"]
+    scales = []
+    for run, report in (("a", ["--precision-report"]), ("b", [])):
+        gan_pytorch.main(["--out", str(tmp_path / run), *flags, *report])
+        scales.append([row["loss_scale"] for row in RunFolder(tmp_path / run).read_history()])
+    assert scales[0] == scales[1] == [8.0, 16.0, 16.0, 32.0]
 @pytest.mark.parametrize("amp, dtype", [(True, "bfloat16"), (False, "float32")])
 def test_sample_grids_and_evaluation_run_under_the_runs_precision_pytorch(amp, dtype, tmp_path, monkeypatch):
     """The session runs inference (grids at step 0 and the end, --evaluate's samples) under the
