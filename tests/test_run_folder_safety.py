@@ -452,6 +452,10 @@ PT_EDITS = {
                      "holds inf/NaN in optimizers/generator/state/0/exp_avg_sq"),
     "a weight inf": (lambda s: next(iter(s["modules"]["generator"].values())).fill_(float("inf")),
                      "holds inf/NaN in modules/generator/"),
+    # the average of G, which the grids and the evaluation sample: NaN images (mutation round 8:
+    # the averages left out of the scan for inf/NaN went unseen)
+    "an averaged weight inf": (lambda s: next(iter(s["averages"]["generator"]["module"].values())).fill_(
+        float("inf")), "holds inf/NaN in averages/generator/module/"),
     # checked as loaded: float64 1e300 is inf in the float32 weight, the scale inf or 0 skips every step
     "a float64 weight past float32": (lambda s: s["modules"]["generator"].__setitem__(
         next(iter(s["modules"]["generator"])),
