@@ -429,7 +429,11 @@ def test_precision_report_shows_what_ran_in_16_bits_pytorch(tmp_path, capsys):
     from GAN.vanilla_gan import gan_pytorch
 
     reported = gan_pytorch.main(["--out", str(tmp_path / "a"), *TINY, "--amp", "--precision-report"])
-    rows = report_rows(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    rows = report_rows(printed)
+    # D runs on the real batch, the fake one and for G's loss: one row per layer all the same
+    # (mutation round 8: report_rows' dict hid the repeated rows of a dropped dedup)
+    assert printed.count("  discriminator.out.layer ") == 1
     assert rows["generator.hidden.0"] == ("float32", "bfloat16")    # autocast's matmul
     assert rows["generator.out.layer"] == ("float32", "float32")    # FullPrecision output layer
     assert rows["discriminator.hidden.2"] == ("-", "bfloat16")
