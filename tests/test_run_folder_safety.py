@@ -418,6 +418,10 @@ PT_EDITS = {
                  "param_groups/0/maximize is True, this run's False"),
     "lr removed": (lambda s: s["optimizers"]["generator"]["param_groups"][0].pop("lr"),
                    "optimizers/generator/param_groups/0 has no 'lr'"),
+    # Adam's step read it: a KeyError traceback (mutation round 8: "eps" dropped from the
+    # settings every group must hold went unseen)
+    "eps removed": (lambda s: s["optimizers"]["discriminator"]["param_groups"][0].pop("eps"),
+                    "optimizers/discriminator/param_groups/0 has no 'eps'"),
     "moment misshapen": (first_moment, "optimizers/generator/state/0/exp_avg is (3, 5)"),
     # a network changed since the run was trained: load_state_dict's first line named nothing
     "a weight missing": (lambda s: s["modules"]["generator"].popitem(), "modules/generator has 7 tensors, the model 8"),
