@@ -451,7 +451,17 @@ PT_EDITS = {
     # (mutation round 8: the floating-point check of the state dropped went unseen)
     "adam step an integer": (lambda s: [slot.__setitem__("step", slot["step"].long())
                                         for slot in s["optimizers"]["generator"]["state"].values()],
-                             "optimizers/generator/state/0/step is (), the weight is ("),
+                             "optimizers/generator/state/0/step is torch.int64, not floating-point"),
+    # a scalar moment broadcast into the update's output: a traceback at the next step (mutation
+    # round 8 found it taken: the shape check allowed any scalar)
+    "a moment a scalar": (lambda s: s["optimizers"]["generator"]["state"][0].__setitem__("exp_avg", torch.tensor(0.5)),
+                          "optimizers/generator/state/0/exp_avg is (), not ("),
+    # a step shaped like the weight was refused only as an "ambiguous" truth value
+    "adam step misshapen": (lambda s: s["optimizers"]["generator"]["state"][0].__setitem__(
+        "step", torch.ones_like(s["optimizers"]["generator"]["state"][0]["exp_avg"])),
+        "optimizers/generator/state/0/step is ("),
+    "a moment a list": (lambda s: s["optimizers"]["generator"]["state"][0].__setitem__("exp_avg", [0.5]),
+                        "optimizers/generator/state/0/exp_avg is a list, not a tensor"),
     # Adam's square root of it NaN'd the weights, trained on, exit 0
     "a second moment negative": (lambda s: s["optimizers"]["generator"]["state"][0]["exp_avg_sq"].fill_(-1.0),
                                  "optimizers/generator/state/0/exp_avg_sq holds a negative number"),

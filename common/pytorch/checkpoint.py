@@ -257,16 +257,20 @@ def check_running_variances(trainer) -> None:
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
-    """Each weight's optimizer state (Adam's moments and step) holds floating-point tensors
-    shaped like the weight, or scalars; the step is a whole number >= 0 (Adam divides by
-    1 - beta**(step + 1)) and the second moment is >= 0. A ValueError otherwise."""
+    """Each weight's optimizer state holds floating-point tensors: Adam's moments shaped like
+    the weight (a scalar one broadcast into the update's output: a traceback at the next step),
+    its step a scalar, a whole number >= 0 (Adam divides by 1 - beta**(step + 1)); the second
+    moment is >= 0. A ValueError otherwise."""
     weights = (param for group in optimizer.param_groups for param in group["params"])
     for index, param in enumerate(weights):  # the index the state dict gives the weight
         for key, value in optimizer.state.get(param, {}).items():
-            if not (torch.is_tensor(value) and value.is_floating_point()
-                    and value.shape in (param.shape, torch.Size([]))):
-                shown = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
-                raise ValueError(f"{where}/{index}/{key} is {shown}, the weight is {tuple(param.shape)}")
+            shape = torch.Size([]) if key == "step" else param.shape
+            if not torch.is_tensor(value):
+                raise ValueError(f"{where}/{index}/{key} is a {type(value).__name__}, not a tensor")
+            if not value.is_floating_point():
+                raise ValueError(f"{where}/{index}/{key} is {value.dtype}, not floating-point")
+            if value.shape != shape:
+                raise ValueError(f"{where}/{index}/{key} is {tuple(value.shape)}, not {tuple(shape)}")
             if key == "step" and not (value >= 0 and value == value.floor()):
                 raise ValueError(f"{where}/{index}/step is {value.item()}, not a count")
             if key in SECOND_MOMENTS and (value < 0).any():  # Adam takes its square root: NaN
