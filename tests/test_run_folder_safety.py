@@ -636,6 +636,15 @@ NPZ_EDITS = {
     "learning rate another": (lambda a: a.__setitem__("optimizer/generator/0001", np.array(3e38, np.float32)),
                               "does not fit this model: optimizer/generator/0001, a learning rate, is 3e+38, "
                               "this run's 0.0002"),
+    # the tensors are matched by order: a count checked only one way let zip() drop an extra
+    # tensor without a word, and a shape left unchecked reached assign(), a traceback
+    "a tensor extra": (lambda a: a.__setitem__("module/generator/0008", np.zeros(3, np.float32)),
+                       "does not fit this model: module/generator has 9 tensors, the model 8"),
+    "a weight transposed": (lambda a: a.__setitem__("module/generator/0000", a["module/generator/0000"].T.copy()),
+                            "does not fit this model: module/generator/0000 is (8, 100), expected (100, 8)"),
+    # a one-element array passed for a count, a longer one failed in .item(), a traceback
+    "step an array": (lambda a: a.__setitem__("meta/step", np.array([2, 2])), "has no valid step"),
+    "model an array": (lambda a: a.__setitem__("meta/model", np.array(["vanilla_gan"])), "has no valid model name"),
 }
 
 
