@@ -98,6 +98,39 @@ def test_samples_and_evaluation_come_from_the_average(framework):
     assert np.abs(sampled - plain).max() > 1e-4
 
 
+def test_tensorflow_training_starts_the_average_from_the_networks_weights(tmp_path, monkeypatch):
+    """Keras' clone_model gives the average freshly initialised weights: fit starts it from
+    G's (after --init-from) before the loop's first step, or G's first average held 2/11 of
+    random weights. The test above starts the average itself, so fit without it went unseen."""
+    from common import loop
+    from common.config import parse_args
+    from common.tensorflow import session as session_module
+    from common.tensorflow.data import load_data
+    from common.tensorflow.runtime import setup
+    from GAN import gan_step_tensorflow
+    from GAN.vanilla_gan import gan_tensorflow as script
+    from GAN.vanilla_gan import hparams
+
+    cfg = parse_args("vanilla_gan", "tensorflow", ["--out", str(tmp_path / "run"), "--ema-decay", "0.5",
+                                                   "--dataset", "ring8", "--width", "8", "--batch-size", "32",
+                                                   "--data-limit", "64", "--no-tensorboard"])
+    runtime = setup(cfg, log=lambda *_: None)
+    data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
+    networks = script.build_networks(data.sample_shape, cfg.width)
+    gan = gan_step_tensorflow.GAN(networks["generator"], networks["discriminator"], script.discriminator_loss,
+                                  script.generator_loss, hparams.Z_DIM, cfg, runtime, data)
+    assert any(not np.array_equal(a.numpy(), g.numpy())
+               for a, g in zip(gan.average.module.weights, gan.generator.weights))
+    started = {}
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: started.update(
+        {"averaged": [w.numpy() for w in gan.average.module.weights],
+         "generator": [w.numpy() for w in gan.generator.weights]}))
+    session_module.fit(cfg, runtime, gan, data)
+    assert len(started["averaged"]) == len(started["generator"]) > 0
+    for averaged, weights in zip(started["averaged"], started["generator"]):
+        np.testing.assert_array_equal(averaged, weights)
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_gan_samples_are_mapped_from_the_models_pixel_range(framework, tmp_path, monkeypatch):
     """The GANs' samples (for evaluation) and grids took G's images to be in (-1, 1) whatever
