@@ -514,6 +514,27 @@ def test_precision_report_shows_what_ran_in_16_bits_tensorflow(tmp_path, capsys)
     assert generator_rows[-1] == ("-", "float32")
 
 
+def test_tensorflow_precision_report_leaves_the_networks_as_they_were():
+    """The probe runs on zeros in inference mode: in training mode batch norm moved its running
+    statistics toward the zeros' (DCGAN's), changing the networks the run then trains and
+    samples with. The vanilla GAN above has no batch norm, so a probe in training mode went
+    unseen."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from common.tensorflow.precision_report import precision_report
+    from GAN.dcgan import dcgan_tensorflow
+
+    networks = dcgan_tensorflow.build_networks((28, 28, 1), 8)
+    before = {name: [w.numpy() for w in network.weights] for name, network in networks.items()}
+    kinds = [kind for _, kind, _, _ in precision_report(SimpleNamespace(modules=networks))]
+    assert "BatchNormalization" in kinds
+    for name, network in networks.items():
+        for saved, weight in zip(before[name], network.weights):
+            np.testing.assert_array_equal(saved, weight.numpy(), err_msg=f"{name}: {weight.path}")
+
+
 # --- scripts/benchmark.py -------------------------------------------------------------------
 
 class FakeScripts:
