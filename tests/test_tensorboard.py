@@ -151,6 +151,23 @@ def test_a_resumed_run_continues_its_curves_without_duplicate_steps(framework, t
     assert steps(events, "quality/fid") == [8] and steps(events, "loss/g_loss") == [2, 4, 6, 8]
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_writer_drops_the_earlier_processes_events_from_its_purge_step_on(framework, tmp_path):
+    """A resumed run's writer purges from the first step it logs (the checkpoint's + 1), that
+    step included. The resumed run above logs every second step, so a purge one step later
+    went unseen there."""
+    writer_class = {"pytorch": pytorch_tensorboard.Writer, "tensorflow": tensorflow_tensorboard.Writer}[framework]
+    first = writer_class(tmp_path, 1)
+    for step in (1, 2, 3):
+        first.scalars({"loss/g_loss": float(step)}, step)
+    first.close()
+    time.sleep(1.0)  # the second writer's file comes second in name order, as a restart's does
+    second = writer_class(tmp_path, 2)
+    second.scalars({"loss/g_loss": 20.0}, 2)
+    second.close()
+    assert read_events(tmp_path)["loss/g_loss"][1] == [(1, 1.0), (2, 20.0)]
+
+
 def test_no_tensorboard_writes_none_and_a_failed_write_does_not_stop_training(tmp_path, monkeypatch, capsys):
     train("pytorch", tmp_path / "off", "--iters", "2", "--no-tensorboard")
     assert not list((tmp_path / "off").glob("events.out.tfevents.*"))
