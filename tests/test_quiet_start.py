@@ -57,10 +57,29 @@ with quiet.dropping_from_stderr("|".join(quiet.LOAD_NOTICES)):
     os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
     os.write(2, b"I0000 00:00:1795324105.581047   16591 port.cc:153] oneDNN custom operations are on. You\\n")
     os.write(2, b"E0000 00:00:1795324110.854119   16591 some.cc:52] a real error\\n")
+    os.write(2, b"a log's own prefix: "
+                b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
     os.write(2, b"F0000 00:00:1795324110.854119   16591 some.cc:53] Check failed: and then")
     os.abort()
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "InitializeLog" not in result.stderr and "oneDNN" not in result.stderr
+    assert "oneDNN" not in result.stderr
+    # the notices are matched from a line's start: a line that quotes one further on stays
+    assert result.stderr.count("InitializeLog") == 1 and "\na log's own prefix: WARNING: All log" in result.stderr
     assert "a real error\n" in result.stderr and result.stderr.endswith("Check failed: and then")
+
+
+def test_without_a_gpu_driver_only_the_device_types_the_user_left_unset_become_cpu(monkeypatch):
+    """TF_ENABLED_DEVICE_TYPES=CPU spares a machine with no GPU driver the CUDA probe, unless the
+    user set it: the runs above leave it unset, so setting it over the user's went unseen."""
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    monkeypatch.setenv("TF_ENABLED_DEVICE_TYPES", "CPU,GPU")
+    monkeypatch.setattr(quiet, "gpu_driver_present", lambda: False)
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)  # as before the first import (put back after)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the import hook it adds goes with it
+    quiet.quiet_tensorflow_start()
+    assert os.environ["TF_ENABLED_DEVICE_TYPES"] == "CPU,GPU"
+    monkeypatch.delenv("TF_ENABLED_DEVICE_TYPES")
+    quiet.quiet_tensorflow_start()
+    assert os.environ["TF_ENABLED_DEVICE_TYPES"] == "CPU"
