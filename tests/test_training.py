@@ -771,6 +771,30 @@ def test_profile_of_a_run_that_ends_inside_its_window_reports_the_steps_it_profi
     assert table in capsys.readouterr().out + "\n"
 
 
+def test_tensorflow_profile_takes_a_nested_ops_time_off_the_op_around_it(tmp_path):
+    """An op that calls a function (a loop, an If) spans the ops it runs: its self time is its
+    own span less theirs, or the table counted that time twice. The run-level tests above
+    see only shares of the total, which taking nothing off leaves summing to 100%."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from common.tensorflow.profiling import host_operations
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    for key, (name, op_type) in enumerate([("loop/While:While", "While"), ("loop/body/MatMul:MatMul", "MatMul"),
+                                           ("ExecutorState::Process", "")], start=1):
+        plane.event_metadata[key].id = key
+        plane.event_metadata[key].name = name
+        plane.event_metadata[key].display_name = op_type
+    line = plane.lines.add(name="tf_executor")
+    for key, offset, duration in [(1, 0, 10_000_000), (3, 1_000_000, 5_000_000), (2, 2_000_000, 3_000_000),
+                                  (2, 6_000_000, 1_000_000)]:  # ps: While 10 us around two MatMuls, 3 + 1
+        line.events.add(metadata_id=key, offset_ps=offset, duration_ps=duration)
+    trace = tmp_path / "host.xplane.pb"
+    trace.write_bytes(space.SerializeToString())
+    assert sorted(host_operations(trace)) == [("MatMul", 2, 4e-3), ("While", 1, 6e-3)]  # ms
+
+
 def test_profile_of_a_run_too_short_for_its_window_says_so(tmp_path, capsys):
     out = tmp_path / "run"
     train("pytorch", out, "--iters", "3", "--profile")
