@@ -795,6 +795,21 @@ def test_tensorflow_profile_takes_a_nested_ops_time_off_the_op_around_it(tmp_pat
     assert sorted(host_operations(trace)) == [("MatMul", 2, 4e-3), ("While", 1, 6e-3)]  # ms
 
 
+def test_the_top_operations_table_shows_the_15_longest_per_step():
+    """Both frameworks' table: the 15 operations of most self time, longest first, their calls
+    and times per profiled step and their share of the total. The runs' tables above are held
+    to neither their count of rows nor their calls per step: 14 rows, and calls over the
+    window, went unseen there."""
+    from common.profiling import format_top_ops
+
+    rows = [(f"op{i}", 2 * i, float(i)) for i in range(1, 21)]  # over 2 steps: op_i runs i times a step
+    table = format_top_ops(rows, 2, "host time").splitlines()
+    assert table[0] == "top operations by self host time over 2 profiled steps (105.00 ms/step in operations)"
+    body = [line.split() for line in table[2:]]
+    assert [row[0] for row in body] == [f"op{i}" for i in range(20, 5, -1)]
+    assert body[0] == ["op20", "20.0", "10.000", "9.5%"]
+
+
 def test_profile_of_a_run_too_short_for_its_window_says_so(tmp_path, capsys):
     out = tmp_path / "run"
     train("pytorch", out, "--iters", "3", "--profile")
