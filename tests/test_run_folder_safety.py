@@ -636,6 +636,10 @@ NPZ_EDITS = {
     "learning rate another": (lambda a: a.__setitem__("optimizer/generator/0001", np.array(3e38, np.float32)),
                               "does not fit this model: optimizer/generator/0001, a learning rate, is 3e+38, "
                               "this run's 0.0002"),
+    # a rate one float32 step off reads the same in :g: the message gives both in full
+    "learning rate a step off": (lambda a: a.__setitem__("optimizer/generator/0001", np.array(
+        np.nextafter(np.float32(0.0002), np.float32(1)))), "a learning rate, is 0.00020000000949949026, "
+                                 "this run's 0.00019999999494757503"),
     # the tensors are matched by order: a count checked only one way let zip() drop an extra
     # tensor without a word, and a shape left unchecked reached assign(), a traceback
     "a tensor extra": (lambda a: a.__setitem__("module/generator/0008", np.zeros(3, np.float32)),
