@@ -795,6 +795,30 @@ def test_tensorflow_profile_takes_a_nested_ops_time_off_the_op_around_it(tmp_pat
     assert sorted(host_operations(trace)) == [("MatMul", 2, 4e-3), ("While", 1, 6e-3)]  # ms
 
 
+def test_tensorflow_profile_reads_the_newest_trace_of_its_folder(tmp_path, monkeypatch):
+    """A resumed run profiled again writes a second trace beside the first (profile/ is kept):
+    its table is read from the newest. Each run above profiles once, so reading the oldest
+    went unseen."""
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from common.tensorflow.profiling import Profiler
+
+    for age, (run, op_type) in enumerate([("2", "MatMul"), ("1", "Conv2D")]):  # the second run's first
+        space = xplane_pb2.XSpace()
+        plane = space.planes.add(name="/host:CPU")
+        plane.event_metadata[1].id = 1
+        plane.event_metadata[1].name = f"model/{op_type}:{op_type}"
+        plane.event_metadata[1].display_name = op_type
+        plane.lines.add(name="tf_executor").events.add(metadata_id=1, offset_ps=0, duration_ps=1_000_000)
+        trace = tmp_path / "plugins" / "profile" / f"run{run}" / "host.xplane.pb"
+        trace.parent.mkdir(parents=True)
+        trace.write_bytes(space.SerializeToString())
+        os.utime(trace, (1e9 + 1000 * (1 - age), 1e9 + 1000 * (1 - age)))
+    monkeypatch.setattr(tf.profiler.experimental, "stop", lambda: None)
+    assert Profiler().stop(tmp_path)[0] == [("MatMul", 1, 1e-3)]
+
+
 def test_the_top_operations_table_shows_the_15_longest_per_step():
     """Both frameworks' table: the 15 operations of most self time, longest first, their calls
     and times per profiled step and their share of the total. The runs' tables above are held
