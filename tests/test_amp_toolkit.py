@@ -374,6 +374,27 @@ def test_adamw_decay_is_the_same_in_both_frameworks():
     assert (keras_optimizer.beta_1, keras_optimizer.beta_2, keras_optimizer.global_clipnorm) == (0.3, 0.9, 0.5)
 
 
+def test_adam_gets_the_same_betas_and_epsilon_in_both_frameworks():
+    """Adam, the default, as the AdamW test above: Adam's first step is the gradient's sign
+    whatever its betas and epsilon, so the one-step twins test let Keras' Adam take beta1 for
+    beta2, or Keras' epsilon (1e-7 for PyTorch's 1e-8), unseen."""
+    import keras
+    import torch
+
+    from common.pytorch import optimizers as torch_optimizers
+    from common.tensorflow import optimizers as keras_optimizers
+    from common.tensorflow.runtime import setup
+
+    flags = ["--lr", "0.002", "--beta1", "0.3", "--beta2", "0.9"]
+    group = torch_optimizers.make_optimizer(parse_args("vanilla_gan", "pytorch", flags),
+                                            [torch.zeros(1, requires_grad=True)]).param_groups[0]
+    tf_cfg = parse_args("vanilla_gan", "tensorflow", flags)
+    keras_optimizer = keras_optimizers.make_optimizer(tf_cfg, setup(tf_cfg, log=lambda *_: None))
+    assert isinstance(keras_optimizer, keras.optimizers.Adam)
+    assert (group["betas"], group["eps"]) == ((0.3, 0.9), 1e-8)
+    assert (keras_optimizer.beta_1, keras_optimizer.beta_2, keras_optimizer.epsilon) == (0.3, 0.9, 1e-8)
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])
 def test_the_multi_tensor_optimizer_steps_exactly_as_the_per_parameter_one(optimizer):
     """make_optimizer's `foreach` update must not change a single bit of training: every
