@@ -796,6 +796,29 @@ def test_tensorflow_profile_takes_a_nested_ops_time_off_the_op_around_it(tmp_pat
     assert sorted(host_operations(trace)) == [("MatMul", 2, 4e-3), ("While", 1, 6e-3)]  # ms
 
 
+def test_tensorflow_profile_counts_xla_instructions_by_kind(tmp_path):
+    """Under --xla the compiled step's HLO instructions, inside ThunkExecutor::Execute, are
+    counted by kind, their numbering dropped ("MatMul_1.36" and "fusion.3" as "MatMul" and
+    "fusion"). The --xla run's test asserts no names, so a numbering half dropped went unseen."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from common.tensorflow.profiling import host_operations
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    names = ["ThunkExecutor::Execute", "MatMul_1.36", "MatMul.2", "fusion.3", "fusion"]
+    for key, name in enumerate(names, start=1):
+        plane.event_metadata[key].id = key
+        plane.event_metadata[key].name = name
+    line = plane.lines.add(name="tf_xla_cpu")
+    line.events.add(metadata_id=1, offset_ps=0, duration_ps=10_000_000)
+    for key in range(2, len(names) + 1):
+        line.events.add(metadata_id=key, offset_ps=key * 1_000_000, duration_ps=1_000_000)
+    trace = tmp_path / "host.xplane.pb"
+    trace.write_bytes(space.SerializeToString())
+    assert sorted(host_operations(trace)) == [("XLA MatMul", 2, 2e-3), ("XLA fusion", 2, 2e-3)]
+
+
 def test_tensorflow_profile_reads_the_newest_trace_of_its_folder(tmp_path, monkeypatch):
     """A resumed run profiled again writes a second trace beside the first (profile/ is kept):
     its table is read from the newest. Each run above profiles once, so reading the oldest
