@@ -632,6 +632,11 @@ NPZ_EDITS = {
     "a second moment negative": (lambda a: [a["optimizer/generator/0002"].fill(-1.0),
                                             a["optimizer/generator/0003"].fill(-1.0)],
                                  "optimizer/generator/0003, an Adam second moment, holds a negative number"),
+    # one entry is enough: a check of whole arrays (all(), not any()) let these through
+    "one second moment entry negative": (lambda a: a["optimizer/generator/0003"].flat.__setitem__(0, -1.0),
+                                         "optimizer/generator/0003, an Adam second moment, holds a negative number"),
+    "one weight entry NaN": (lambda a: a["module/generator/0000"].flat.__setitem__(0, np.nan),
+                             "holds inf/NaN in module/generator/0000"),
     # the rate, which trained on to NaN (exit 0)
     "learning rate another": (lambda a: a.__setitem__("optimizer/generator/0001", np.array(3e38, np.float32)),
                               "does not fit this model: optimizer/generator/0001, a learning rate, is 3e+38, "
