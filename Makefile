@@ -32,7 +32,8 @@ demo: setup
 
 # Two pytest workers (pytest-xdist): in one process the suite used one core's worth of CPU time
 # on average (15 min 23 s of CPU in 15 min 45 s on a 2-core CPU); two workers ran it in 10 min 2 s
-# there (README, "Tests"). Each worker runs cores / workers OpenMP threads (tests/conftest.py).
+# there (README, "Tests"). Each worker runs cores / workers OpenMP threads unless OMP_NUM_THREADS
+# is set (tests/conftest.py).
 # `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
 test: setup

@@ -552,6 +552,7 @@ def test_tensorflow_precision_report_leaves_the_networks_as_they_were():
     kinds = [kind for _, kind, _, _ in precision_report(SimpleNamespace(modules=networks))]
     assert "BatchNormalization" in kinds
     for name, network in networks.items():
+        assert len(network.weights) == len(before[name]), name
         for saved, weight in zip(before[name], network.weights):
             np.testing.assert_array_equal(saved, weight.numpy(), err_msg=f"{name}: {weight.path}")
 

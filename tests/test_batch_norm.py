@@ -156,7 +156,7 @@ def test_sample_grids_and_evaluation_leave_training_as_it_was(framework, tmp_pat
     assert len(list((tmp_path / "grids" / "samples").glob("*.png"))) == 4  # steps 0 to 3
 
 
-def test_the_average_of_g_samples_on_its_running_statistics_and_leaves_them_pytorch(tmp_path):
+def test_grids_of_the_average_of_g_leave_its_running_statistics_as_they_were_pytorch(tmp_path):
     """Under --ema-decay the grids and the evaluation sample the average of G, which the session
     puts in inference mode with the networks: left in training mode, each grid was normalised
     by its own batch's statistics and moved the average's running ones. (Mutation round 8:

@@ -87,7 +87,7 @@ def test_without_a_gpu_driver_only_the_device_types_the_user_left_unset_become_c
 
 def test_a_log_level_that_is_no_number_reads_as_0_and_only_above_0_hints_how_to_see_all(monkeypatch):
     """As TensorFlow reads TF_CPP_MIN_LOG_LEVEL; our line says how to bring the notices back only
-    where some are hidden. The runs above set numbers, so neither went unseen there."""
+    where some are hidden. The runs above set numbers, so both went unseen there."""
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "verbose")
     assert quiet.log_level() == 0 and quiet.describe_log_level() == "C++ log level 0"
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -96,7 +96,8 @@ def test_a_log_level_that_is_no_number_reads_as_0_and_only_above_0_hints_how_to_
 
 def test_any_one_sign_of_a_gpu_driver_counts_as_a_driver(monkeypatch):
     """Each path is one vendor's (NVIDIA, ROCm, DRM, WSL): a machine shows one of them, and
-    without a driver found TensorFlow is held to its CPU. This machine's tests see none."""
+    without a driver found TensorFlow is held to its CPU. Each is faked here, whatever the
+    machine has."""
     import ctypes
 
     def no_library(name):

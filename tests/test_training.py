@@ -170,7 +170,8 @@ def test_resume_is_bit_exact(framework, precision, tmp_path):
                for line in (tmp_path / "resumed" / "history.jsonl").read_text().splitlines()]
     assert history == [2, 4, 6, 8, 10]
     # the count of skipped steps goes on from the checkpoint's: TensorFlow's checkpoint saving
-    # the step as skipped_total went unseen where every step was skipped (the test below)
+    # the step as skipped_total went unseen by the test below, where every step is skipped (so
+    # the two are equal)
     skipped = {run: [json.loads(line)["skipped_total"]
                      for line in (tmp_path / run / "history.jsonl").read_text().splitlines()]
                for run in ("straight", "resumed")}
@@ -822,14 +823,15 @@ def test_tensorflow_profile_counts_xla_instructions_by_kind(tmp_path):
 
 def test_tensorflow_profile_reads_the_newest_trace_of_its_folder(tmp_path, monkeypatch):
     """A resumed run profiled again writes a second trace beside the first (profile/ is kept):
-    its table is read from the newest. Each run above profiles once, so reading the oldest
-    went unseen."""
+    its table is read from the newest, by time: here the newest is also first by name, so
+    neither the oldest nor the last by name passes. Each run above profiles once, so reading
+    the oldest went unseen."""
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     from common.tensorflow.profiling import Profiler
 
-    for age, (run, op_type) in enumerate([("2", "MatMul"), ("1", "Conv2D")]):  # the second run's first
+    for age, (run, op_type) in enumerate([("1", "MatMul"), ("2", "Conv2D")]):  # newest first
         space = xplane_pb2.XSpace()
         plane = space.planes.add(name="/host:CPU")
         plane.event_metadata[1].id = 1

@@ -212,15 +212,16 @@ def test_the_twins_take_the_same_training_steps(model):
         # the one exception: WGAN-GP's critic's output bias, which E[C(fake)] - E[C(real)] cancels
         still = int(model == "wgan_gp" and name == "discriminator")
         assert moved == len(start[name]) - still, f"{model} {name}: some weights did not train"
-    # 1e-4 of their moves and 4 float32 roundings: a batch mean near 0 is a sum that cancels,
-    # which PyTorch's kernels round differently at one OpenMP thread (DCGAN's D: 2.2e-5 of the
-    # move apart). Keras' own layer moves the variance by the biased batch variance, 5e-5 of the
-    # move apart here: tests/test_batch_norm.py tells the two apart, on batches where they differ by 36/35.
+    # 1e-5 of their moves and 4 float32 roundings (the running variance moves by the unbiased
+    # batch variance in both; Keras' own layer, by the biased one, is 5e-5 of the move apart in
+    # DCGAN, and 3.9x the allowed in G). The running means 1e-4: a batch mean near 0 is a sum
+    # that cancels, which PyTorch rounds differently at one OpenMP thread (D: 2.2e-5 apart).
     for name, network in torch_step.modules.items():
         for index, (a, b, a0) in enumerate(zip(running_statistics("pytorch", network),
                                                running_statistics("tensorflow", keras_step.modules[name]),
                                                start_statistics[name])):
-            allowed = 1e-4 * np.abs(a - a0) + 4 * np.spacing(np.abs(a))
+            share = 1e-4 if index % 2 == 0 else 1e-5  # each layer's mean, then its variance
+            allowed = share * np.abs(a - a0) + 4 * np.spacing(np.abs(a))
             assert np.all(np.abs(b - a) <= allowed), (
                 f"{model} {name} batch-norm statistic {index}: {np.max(np.abs(b - a) / allowed):.3g}x the allowed")
     for name, average in torch_step.averages.items():
