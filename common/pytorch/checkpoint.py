@@ -264,13 +264,13 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, where: str) -> None:
     weights = (param for group in optimizer.param_groups for param in group["params"])
     for index, param in enumerate(weights):  # the index the state dict gives the weight
         for key, value in optimizer.state.get(param, {}).items():
-            shape = torch.Size([]) if key == "step" else param.shape
+            expected = torch.Size([]) if key == "step" else param.shape
             if not torch.is_tensor(value):
                 raise ValueError(f"{where}/{index}/{key} is a {type(value).__name__}, not a tensor")
             if not value.is_floating_point():
                 raise ValueError(f"{where}/{index}/{key} is {value.dtype}, not floating-point")
-            if value.shape != shape:
-                raise ValueError(f"{where}/{index}/{key} is {tuple(value.shape)}, not {tuple(shape)}")
+            if value.shape != expected:
+                raise ValueError(f"{where}/{index}/{key} is {tuple(value.shape)}, not {tuple(expected)}")
             if key == "step" and not (value >= 0 and value == value.floor()):
                 raise ValueError(f"{where}/{index}/step is {value.item()}, not a count")
             if key in SECOND_MOMENTS and (value < 0).any():  # Adam takes its square root: NaN
