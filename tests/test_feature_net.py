@@ -105,6 +105,18 @@ def test_weights_of_another_architecture_are_a_checkpoint_error(tmp_path):
         feature_net.load_feature_net(path)
 
 
+def test_weights_with_one_nan_entry_are_a_checkpoint_error(tmp_path):
+    """(mutation round 9: the finiteness check as any() for all(), which loaded weights with
+    one NaN entry, went unseen)"""
+    with np.load(feature_net.DEFAULT_WEIGHTS) as committed:
+        arrays = dict(committed)
+    arrays["conv2.weight"][3, 5, 2, 2] = np.nan
+    path = tmp_path / "nan.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(CheckpointError, match="do not fit the network.*conv2.weight is not finite"):
+        feature_net.load_feature_net(path)
+
+
 def test_pickled_arrays_are_refused(tmp_path):
     path = tmp_path / "pickled.npz"
     np.savez(path, **{"conv1.weight": np.array([object()], dtype=object)})
