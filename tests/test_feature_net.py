@@ -40,6 +40,14 @@ def test_features_are_deterministic_and_independent_of_batching(test_images):
     np.testing.assert_allclose(chunked, first, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_a_batch_size_below_one_is_refused(test_images, batch_size):
+    """(mutation round 9: the check as batch_size < 0, which measured nothing at -1 and
+    returned empty features, went unseen)"""
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        feature_net.features_and_logits(test_images.x[:10], batch_size=batch_size)
+
+
 def test_uint8_and_unit_range_floats_give_the_same_features(test_images):
     images = test_images.x[:50]
     from_uint8, _ = feature_net.features_and_logits(images)
