@@ -48,6 +48,13 @@ def test_a_batch_size_below_one_is_refused(test_images, batch_size):
         feature_net.features_and_logits(test_images.x[:10], batch_size=batch_size)
 
 
+def test_no_images_give_empty_features_and_logits_of_the_right_widths():
+    """(mutation round 9: the empty arrays' widths swapped, features 10 wide and logits 128,
+    went unseen)"""
+    features, logits = feature_net.features_and_logits(np.zeros((0, 28, 28, 1), np.uint8))
+    assert features.shape == (0, feature_net.FEATURE_DIM) and logits.shape == (0, feature_net.NUM_CLASSES)
+
+
 def test_uint8_and_unit_range_floats_give_the_same_features(test_images):
     images = test_images.x[:50]
     from_uint8, _ = feature_net.features_and_logits(images)
