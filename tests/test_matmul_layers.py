@@ -202,6 +202,18 @@ def test_pytorch_every_other_input_takes_its_own_path(ours, torch_own, input_sha
     torch.testing.assert_close(layer(x), reference(x), rtol=0, atol=0)
 
 
+def test_pytorch_a_dilated_kernel_the_size_of_the_map_is_refused_as_its_own_layer_refuses_it():
+    """Dilated, the 3x3 kernel spans 5x5, past the 3x3 map: PyTorch's Conv2d refuses it, and
+    the matmul must not compute something in its place (mutation round 9: the dilation check
+    dropped from Conv2d's guard went unseen)."""
+    layer, reference = torch_pair(torch_layers.Conv2d, torch.nn.Conv2d, (4, 2, 3), dict(dilation=2))
+    x = torch.randn(2, 4, 3, 3)
+    with pytest.raises(RuntimeError, match="Kernel size can't be greater than actual input size"):
+        reference(x)
+    with pytest.raises(RuntimeError, match="Kernel size can't be greater than actual input size"):
+        layer(x)
+
+
 def test_pytorch_computes_in_autocasts_dtype():
     layers = [torch_layers.ConvTranspose2d(10, 4, 7), torch_layers.Conv2d(6, 3, 7)]
     with torch.autocast("cpu", dtype=torch.bfloat16):
