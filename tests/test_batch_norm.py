@@ -94,6 +94,18 @@ def test_batch_norm_takes_bfloat16_inputs_and_gives_bfloat16_outputs(batches, fu
     np.testing.assert_allclose(layer.moving_variance.numpy(), expected["variance"], rtol=1e-2)
 
 
+def test_one_value_a_channel_leaves_the_running_variance_finite_through_the_ops():
+    """A single value a channel has no unbiased variance: the ops' count - 1 is held at 1, so
+    the running variance decays toward 0 rather than turning NaN (mutation round 9: the
+    tf.maximum(count - 1, 1) dropped, a 0/0, went unseen)."""
+    layer = BatchNormalization(momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+    layer.build((1, 1, 1, 5))
+    layer.use_fused_kernel = False
+    layer(tf.constant(np.arange(5, dtype=np.float32).reshape(1, 1, 1, 5)), training=True)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), np.full(5, 1 - hparams.BN_MOMENTUM), rtol=1e-6)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), np.arange(5) * hparams.BN_MOMENTUM, rtol=1e-6)
+
+
 def test_inference_normalises_by_the_running_statistics(batches):
     images, _, _ = batches
     layer = BatchNormalization(epsilon=hparams.BN_EPSILON)
