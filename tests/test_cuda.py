@@ -79,6 +79,21 @@ def test_pytorch_dcgan_weights_and_batches_are_channels_last_on_every_device(dev
                            and p.device.type == device for p in kernels)
 
 
+def test_pytorch_rgb_batches_are_channels_last_in_the_models_range():
+    """With one channel, NCHW is channels_last too, so the DCGAN test above could not tell
+    (mutation round 9: to_model's .contiguous(memory_format=torch.channels_last) dropped went
+    unseen). 3 channels on a 2x3 map: the same pixels, NCHW, scaled to the model's range."""
+    from common.data import Dataset
+    from common.pytorch.data import DeviceData
+
+    images = np.arange(4 * 2 * 3 * 3, dtype=np.uint8).reshape(4, 2, 3, 3)
+    data = DeviceData(Dataset("cifar10", images, np.zeros(4, np.int64)), torch.device("cpu"), (-1.0, 1.0))
+    batch = data.batch(torch.tensor([2, 0]))
+    assert batch.dtype == torch.float32 and batch.is_contiguous(memory_format=torch.channels_last)
+    expected = images[[2, 0]].transpose(0, 3, 1, 2).astype(np.float32) * (2 / 255) - 1
+    np.testing.assert_allclose(batch.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("model", list(models.MODELS))
