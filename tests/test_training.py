@@ -558,6 +558,23 @@ def test_a_ctrl_c_that_reaches_the_data_loaders_worker_leaves_it_serving_batches
         loader.stop()
 
 
+def test_the_host_loaders_lookup_gives_the_resident_paths_batch():
+    """--workers: the batch the precision report measures (lookup, outside the training
+    sequence) is scaled to the model's range as the resident path's is (mutation round 9:
+    lookup returning the raw uint8 rows went unseen)."""
+    import torch
+
+    from common.data import Dataset
+    from common.pytorch.data import DeviceData, HostLoader
+
+    images = Dataset("mnist", np.arange(16 * 2 * 3, dtype=np.uint8).reshape(16, 2, 3, 1), np.zeros(16, np.int64))
+    indices = torch.tensor([5, 1, 12])
+    loader = HostLoader(images, torch.device("cpu"), (-1.0, 1.0), workers=1)
+    got, expected = loader.lookup(indices), DeviceData(images, torch.device("cpu"), (-1.0, 1.0)).batch(indices)
+    assert got.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 # TensorFlow lists them all still: from_generator made its parallel map sequential under op determinism
 @pytest.mark.parametrize("framework", ["pytorch"])
 def test_the_host_loader_draws_its_batches_as_it_goes_not_the_whole_run_first(framework):
