@@ -106,6 +106,19 @@ def test_one_value_a_channel_leaves_the_running_variance_finite_through_the_ops(
     np.testing.assert_allclose(layer.moving_mean.numpy(), np.arange(5) * hparams.BN_MOMENTUM, rtol=1e-6)
 
 
+def test_batch_norm_over_another_axis_trains_as_keras_own_does(batches):
+    """Only channels-last batch norm is computed by the class: over axis 1 it is Keras' own
+    layer (mutation round 9: the axis check dropped, which normalised over the wrong axes,
+    went unseen)."""
+    images, _, _ = batches
+    x = tf.constant(images[0])  # (4, 3, 3, 5), normalised over axis 1: 3 channels
+    ours = BatchNormalization(axis=1, momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+    own = keras.layers.BatchNormalization(axis=1, momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+    y, expected = ours(x, training=True).numpy(), own(x, training=True).numpy()
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours.moving_variance.numpy(), own.moving_variance.numpy(), rtol=1e-6)
+
+
 def test_inference_normalises_by_the_running_statistics(batches):
     images, _, _ = batches
     layer = BatchNormalization(epsilon=hparams.BN_EPSILON)
