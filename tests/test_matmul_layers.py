@@ -191,6 +191,8 @@ def test_pytorch_no_convolution_runs_forward_or_back(case):
     (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4), dict(dilation=2)),
     (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4, 2), dict(output_padding=1)),
     (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (4, 1, 1), (4, 2, 4), {}),  # unbatched
+    # grouped (mutation round 9: the groups check dropped from its guard went unseen)
+    (torch_layers.ConvTranspose2d, torch.nn.ConvTranspose2d, (2, 4, 1, 1), (4, 2, 4), dict(groups=2)),
     (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 8, 8), (3, 2, 4, 2, 1), {}),
     (torch_layers.Conv2d, torch.nn.Conv2d, (2, 3, 7, 7), (3, 2, 7, 1, 3), {}),  # the kernel's size, padded
     (torch_layers.Conv2d, torch.nn.Conv2d, (2, 4, 7, 7), (4, 4, 7), dict(groups=2)),
