@@ -119,6 +119,17 @@ def test_batch_norm_over_another_axis_trains_as_keras_own_does(batches):
     np.testing.assert_allclose(ours.moving_variance.numpy(), own.moving_variance.numpy(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("learned", [dict(scale=False), dict(center=False)], ids=["no scale", "no center"])
+def test_batch_norm_without_a_scale_or_a_center_trains_as_keras_own_does(batches, learned):
+    """Without gamma or beta the class is Keras' own layer (mutation round 9: the check for
+    both dropped from its guard went unseen)."""
+    images, _, _ = batches
+    x = tf.constant(images[0])
+    ours = BatchNormalization(**learned, momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+    own = keras.layers.BatchNormalization(**learned, momentum=1 - hparams.BN_MOMENTUM, epsilon=hparams.BN_EPSILON)
+    np.testing.assert_allclose(ours(x, training=True).numpy(), own(x, training=True).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_inference_normalises_by_the_running_statistics(batches):
     images, _, _ = batches
     layer = BatchNormalization(epsilon=hparams.BN_EPSILON)
