@@ -93,6 +93,9 @@ FULL_SAME = dict(filters=2, kernel_size=7, padding="same")
     (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 1, 1, 4),
      dict(filters=2, kernel_size=4, strides=2, output_padding=1)),
     (Conv2D, keras.layers.Conv2D, (2, 7, 7, 4), dict(filters=4, kernel_size=7, groups=2)),  # grouped
+    # channels_first, its (C, H) the kernel's size (mutation round 9: the data_format check dropped
+    # from Conv2D's guard went unseen)
+    (Conv2D, keras.layers.Conv2D, (2, 3, 3, 3), dict(filters=2, kernel_size=3, data_format="channels_first")),
 ])
 def test_every_other_input_takes_keras_own_path(ours, keras_own, input_shape, config):
     layer, reference = pair(ours, keras_own, input_shape, config)
