@@ -96,6 +96,10 @@ FULL_SAME = dict(filters=2, kernel_size=7, padding="same")
     # channels_first, its (C, H) the kernel's size (mutation round 9: the data_format check dropped
     # from Conv2D's guard went unseen)
     (Conv2D, keras.layers.Conv2D, (2, 3, 3, 3), dict(filters=2, kernel_size=3, data_format="channels_first")),
+    # channels_first from one channel on a 1x1 map (mutation round 9: the data_format check dropped
+    # from Conv2DTranspose's guard went unseen)
+    (Conv2DTranspose, keras.layers.Conv2DTranspose, (2, 1, 1, 1),
+     dict(filters=2, kernel_size=3, data_format="channels_first")),
 ])
 def test_every_other_input_takes_keras_own_path(ours, keras_own, input_shape, config):
     layer, reference = pair(ours, keras_own, input_shape, config)
