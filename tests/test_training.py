@@ -528,6 +528,27 @@ def test_summarize_runs_tabulates_every_run(tmp_path, capsys):
         assert len(capsys.readouterr().err.splitlines()) == 1
 
 
+class PairsInTurn:
+    """A batch order for HostLoader: rows (s % period, s % period + 8) at step s."""
+
+    def __init__(self, period: int):
+        self.period = period
+
+    def batches(self, start, stop):
+        return ([step % self.period, step % self.period + 8] for step in range(start, stop))
+
+
+def points_loader(count: int):
+    """A one-worker HostLoader over `count` 2-D points (values 0, 1, 2, ... row by row)."""
+    import torch
+
+    from common.data import Dataset
+    from common.pytorch.data import HostLoader
+
+    points = Dataset("ring8", np.arange(2 * count, dtype=np.float32).reshape(count, 2), np.zeros(count, np.int64))
+    return HostLoader(points, torch.device("cpu"), (-1.0, 1.0), workers=1)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_ctrl_c_or_sigterm_that_reaches_the_data_loaders_worker_leaves_it_serving_batches(signum):
     """A terminal's Ctrl-C reaches the whole process group, --workers' DataLoader processes
@@ -538,18 +559,8 @@ def test_a_ctrl_c_or_sigterm_that_reaches_the_data_loaders_worker_leaves_it_serv
     import os
     import time
 
-    import torch
-
-    from common.data import Dataset
-    from common.pytorch.data import HostLoader
-
-    class Order:
-        def batches(self, start, stop):
-            return ([step % 56, step % 56 + 8] for step in range(start, stop))
-
-    points = Dataset("ring8", np.arange(128, dtype=np.float32).reshape(64, 2), np.zeros(64, np.int64))
-    loader = HostLoader(points, torch.device("cpu"), (-1.0, 1.0), workers=1)
-    loader.start(Order(), 0, 1_000)
+    loader = points_loader(64)
+    loader.start(PairsInTurn(56), 0, 1_000)
     try:
         assert loader.batch(None).shape == (2, 2)
         (worker,) = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
@@ -585,18 +596,8 @@ def test_a_stopped_host_loader_is_let_go_with_its_host_copy_of_the_data():
     import gc
     import weakref
 
-    import torch
-
-    from common.data import Dataset
-    from common.pytorch.data import HostLoader
-
-    class Order:
-        def batches(self, start, stop):
-            return ([step % 8, step % 8 + 8] for step in range(start, stop))
-
-    points = Dataset("ring8", np.arange(32, dtype=np.float32).reshape(16, 2), np.zeros(16, np.int64))
-    loader = HostLoader(points, torch.device("cpu"), (-1.0, 1.0), workers=1)
-    loader.start(Order(), 0, 10)
+    loader = points_loader(16)
+    loader.start(PairsInTurn(8), 0, 10)
     assert loader.batch(None).shape == (2, 2)
     loader.stop()
     let_go = weakref.ref(loader)
