@@ -493,6 +493,8 @@ def test_precision_report_leaves_the_float16_loss_scale_as_it_was_pytorch(tmp_pa
         gan_pytorch.main(["--out", str(tmp_path / run), *flags, *report])
         scales.append([row["loss_scale"] for row in RunFolder(tmp_path / run).read_history()])
     assert scales[0] == scales[1] == [8.0, 16.0, 16.0, 32.0]
+
+
 @pytest.mark.parametrize("amp, dtype", [(True, "bfloat16"), (False, "float32")])
 def test_sample_grids_and_evaluation_run_under_the_runs_precision_pytorch(amp, dtype, tmp_path, monkeypatch):
     """The session runs inference (grids at step 0 and the end, --evaluate's samples) under the
