@@ -8,6 +8,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _share_the_cores_between_workers() -> None:
     """Under pytest-xdist, each worker (and every script it starts) runs cores / workers OpenMP
     threads, set before PyTorch loads: two workers' threads on 2 cores had made a PyTorch bfloat16
@@ -16,8 +21,7 @@ def _share_the_cores_between_workers() -> None:
     thread there too took 9 min 27 s. A thread count the user set is kept."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // workers)))
 
 
 _share_the_cores_between_workers()
