@@ -431,13 +431,13 @@ PT_EDITS = {
     "a weight renamed": (lambda s: s["modules"]["generator"].__setitem__(
         "extra.weight", s["modules"]["generator"].popitem()[1]), "modules/generator has no "),
     "a weight misshapen": (lambda s: s["modules"]["generator"].__setitem__(
-        next(iter(s["modules"]["generator"])), torch.zeros(2, 2)), "is (2, 2), expected a Tensor like ("),
+        next(iter(s["modules"]["generator"])), torch.zeros(2, 2)), "is (2, 2), expected a tensor of shape ("),
     "scale a string": (lambda s: s["scaler"].__setitem__("scale", "big"), "scaler/scale"),
     "ema updates negative": (lambda s: s["averages"]["generator"].__setitem__("updates", -3), "updates"),
     # a count that is not whole: int() made it another silently (mutation round 8: check_like
     # taking a float where the running state holds an int went unseen)
     "ema updates fractional": (lambda s: s["averages"]["generator"].__setitem__("updates", 2.5),
-                               "averages/generator/updates is '2.5', expected a int"),
+                               "averages/generator/updates is 2.5, expected a whole number, 0 or more, like "),
     # another version of the file's layout (mutation round 8: the format check dropped went unseen)
     "format another": (lambda s: s.__setitem__("format", 2), "(ValueError: not a checkpoint of this repository)"),
     # Adam's step -1 divided by zero; NaN weights or moments trained on, exit 0

@@ -223,12 +223,35 @@ def check_like(saved, live, where: str) -> None:
     else:
         fits = True
     if not fits:
-        raise ValueError(f"{where} is {shown(saved)}, expected a {type(live).__name__} like {shown(live)}")
+        raise ValueError(f"{where} is {shown(saved)}, expected {kind_of(live)}")
 
 
 def shown(value) -> str:
-    """A tensor by its shape, anything else by the start of its text."""
-    return str(tuple(value.shape)) if torch.is_tensor(value) else repr(str(value)[:40])
+    """A tensor by its shape, a number as written, anything else by the start of its text."""
+    if torch.is_tensor(value):
+        return str(tuple(value.shape))
+    if isinstance(value, (int, float)):  # bool too
+        return repr(value)
+    return repr(value[:40] if isinstance(value, str) else str(value)[:40])
+
+
+def kind_of(live) -> str:
+    """What check_like accepts in place of `live`, in words."""
+    if isinstance(live, bool):
+        return f"True or False, like {live}"
+    if isinstance(live, int):
+        return f"a whole number, 0 or more, like {live}"
+    if isinstance(live, float):
+        return f"a finite number, 0 or more, like {live!r}"
+    if torch.is_tensor(live):
+        return f"a tensor of shape {tuple(live.shape)}"
+    if isinstance(live, (list, tuple)):
+        return f"a list of {len(live)}"
+    if live is None:
+        return "None"
+    if isinstance(live, str):
+        return f"a string like {shown(live)}"
+    return f"a {type(live).__name__}"  # a dict
 
 
 def check_same_tensors(saved, live: dict, where: str) -> None:
