@@ -89,6 +89,7 @@ class RunConfig:
     evaluate: int = 0
     iwae_k: int = 100
     eval_draws: int = 1
+    save_samples: bool = False      # with --evaluate: write its samples to eval_samples.npz
     init_scale: float = LOSS_SCALE_INIT
     growth_factor: float = LOSS_SCALE_GROWTH_FACTOR
     backoff_factor: float = LOSS_SCALE_BACKOFF_FACTOR
@@ -237,6 +238,9 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
     output.add_argument("--eval-draws", type=flags.int_in(1, MAX_EVAL_DRAWS), metavar="N",
                         help="with --evaluate: measure the samples' metrics on N draws of noise (the "
                              "first is the run's own) and record each, to see how much the figures move with the noise")
+    output.add_argument("--save-samples", action="store_true",
+                        help="with --evaluate: write its samples (the first draw) to eval_samples.npz "
+                             "in the run folder, to score them with other tools")
     output.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K),
                         help="importance samples per test image for the VAE's IWAE bound")
     output.add_argument("--profile", action="store_true",
@@ -326,6 +330,8 @@ def validate(cfg: RunConfig) -> None:
         raise UsageError(f"--amp-dtype {cfg.amp_dtype} needs --amp")
     if cfg.eval_draws > 1 and not cfg.evaluate:
         raise UsageError(f"--eval-draws {cfg.eval_draws} needs --evaluate N (the samples per draw)")
+    if cfg.save_samples and not cfg.evaluate:
+        raise UsageError("--save-samples needs --evaluate N (the samples to write)")
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
     if cfg.xla and cfg.framework != "tensorflow":

@@ -121,15 +121,16 @@ def vae_bounds(encode, decode_logits, images: np.ndarray, k: int, seed: int) -> 
             f"test_iwae_k{k}": float(np.concatenate(iwaes).mean())}
 
 
-def evaluate(cfg, trainer, log=print) -> dict:
+def evaluate(cfg, trainer, log=print, keep=None) -> dict:
     """Every metric that applies to this run; `trainer.sample(z)` returns NHWC images in
-    [0, 1] or 2-D points for z of `trainer.z_dim` dimensions.
+    [0, 1] or 2-D points for z of `trainer.z_dim` dimensions. `keep(samples)`, if given, is
+    handed the run's own draw of samples (--save-samples) when they are finite.
 
     Under --eval-draws N the sample metrics are measured on N draws of noise, the first the
     run's own: "draws" holds each one's N values (the figures beside it are the first draw's),
     to read a difference between two runs against what another draw of samples moves."""
     count = sample_count(cfg.dataset, cfg.evaluate)
-    first = sample_metrics(cfg, trainer, count, 0, log)
+    first = sample_metrics(cfg, trainer, count, 0, log, keep)
     results = {"samples": count, **first}
     if "finite_samples" in first:
         return results
@@ -153,12 +154,15 @@ def evaluate(cfg, trainer, log=print) -> dict:
     return results
 
 
-def sample_metrics(cfg, trainer, count: int, draw: int, log) -> dict:
+def sample_metrics(cfg, trainer, count: int, draw: int, log, keep=None) -> dict:
     """The metrics of `count` samples from draw `draw` of the evaluation noise."""
     samples = in_chunks(trainer.sample, evaluation_noise(count, trainer.z_dim, cfg.seed, draw))
     if not np.isfinite(samples).all():
-        log(f"evaluation: the samples{f' of draw {draw}' if draw else ''} hold inf/NaN; no metrics")
+        log(f"evaluation: the samples{f' of draw {draw}' if draw else ''} hold inf/NaN; no metrics"
+            f"{', none saved' if keep else ''}")
         return {"finite_samples": 0.0}
+    if keep is not None:
+        keep(samples)
     if cfg.dataset in POINT_DATASETS:
         return point_metrics(samples, cfg.dataset)
     if measures_images(cfg.dataset, samples.shape[1:]):
@@ -240,11 +244,12 @@ def iwae_flags(model: str, iwae_k: int | None) -> list[str]:
     return ["--iwae-k", str(iwae_k)] if iwae_k and models.get(model).family == "VAE" else []
 
 
-def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1, device: str | None = None) -> dict:
+def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1, device: str | None = None,
+                 save_samples: bool = False) -> dict:
     """Reopen a finished run with its own script (a fresh process, `--resume` with nothing
     left to train; on `device` instead of its own, if given) and `--evaluate samples`; return
     the metrics it wrote to summary.json, with "draws" as `evaluate` returns them under
-    --eval-draws."""
+    --eval-draws. `save_samples`: the script's --save-samples."""
     check_evaluable(folder)
     config, summary = RunFolder(folder).read_finished()
     if config.get("model") not in models.MODELS or config.get("framework") not in models.FRAMEWORKS:
@@ -253,7 +258,7 @@ def evaluate_run(folder: Path, samples: int, iwae_k: int | None, draws: int = 1,
     command = [sys.executable, str(models.MODELS[config["model"]].script(config["framework"])),
                *rerun_flags(config, summary["step"], device), f"--out={folder}", "--resume",
                "--evaluate", str(samples), *iwae_flags(config["model"], iwae_k),
-               *(["--eval-draws", str(draws)] if draws > 1 else [])]
+               *(["--eval-draws", str(draws)] if draws > 1 else []), *(["--save-samples"] if save_samples else [])]
     print(f"evaluate: {' '.join(command[1:])}", flush=True)
     status = run_child(command, f"{folder} was not evaluated; the same command measures it").returncode
     if status != 0:

@@ -14,7 +14,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,8 +80,9 @@ class Session(Protocol):
         """Per layer, the dtype of its weights and of its output in a real training step
         (which leaves the training as it was)."""
 
-    def evaluate(self, cfg: RunConfig) -> dict:
-        """Quality metrics of the trained model (--evaluate N)."""
+    def evaluate(self, cfg: RunConfig, keep: Callable[[Any], None] | None = None) -> dict:
+        """Quality metrics of the trained model (--evaluate N); `keep(samples)` is handed the
+        samples they were measured on (common/evaluation.py's evaluate)."""
 
     def open_tensorboard(self, folder: Path, purge_step: int) -> Writer:
         """The framework's TensorBoard writer on the run folder (common/tensorboard.py)."""
@@ -658,7 +659,9 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
         log(f"stopped at step {step}, checkpoint saved; continue with the same command and --resume")
         sys.exit(128 + stop_signal)  # the shell's status for that signal: 130 for Ctrl-C
     if cfg.evaluate and run.writable:
-        summary["metrics"] = session.evaluate(cfg)
+        def keep(samples):
+            log(f"evaluation samples in {run.write_eval_samples(samples, step, cfg.seed)}")
+        summary["metrics"] = session.evaluate(cfg, keep if cfg.save_samples else None)
         summary.pop("metrics_over_draws", None)  # an earlier evaluation's
         if "draws" in summary["metrics"]:  # --eval-draws: each draw's figures
             summary["metrics_over_draws"] = summary["metrics"].pop("draws")

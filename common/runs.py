@@ -8,6 +8,7 @@ runs/<model>/<framework>-<precision>[-<dataset>]/   (the dataset's name for any 
     samples/             step_XXXXXX.png (and the VAE's step_XXXXXX_recon.png)
     checkpoints/         step_XXXXXX.pt (PyTorch) or step_XXXXXX.npz (TensorFlow), last two kept
     summary.json         median step time, samples/s, peak memory, final losses, --evaluate's metrics
+    eval_samples.npz     --save-samples: --evaluate's samples (images as uint8 NHWC, 2-D points as float32)
     events.out.tfevents.*  TensorBoard's (common/tensorboard.py); profile/ under --profile
 """
 from __future__ import annotations
@@ -38,8 +39,9 @@ NOT_LOSSES = ("step", "loss_scale", "skipped", "skipped_total", "step_ms", "skip
 # What a run writes in its folder (the listing above, and the temporary files of atomic_write,
 # and of sampling.fixed_noise before it used atomic_write): what --overwrite deletes.
 RUN_ENTRY = re.compile(r"(config\.json|history\.jsonl|summary\.json|fixed_noise\.npy|initial_weights\.npz"
-                       r"|samples|checkpoints|profile|events\.out\.tfevents\..+|fixed_noise\.npy\.tmp"
-                       r"|\.(config\.json|history\.jsonl|summary\.json|initial_weights\.npz|fixed_noise\.npy)\.tmp-\d+)")
+                       r"|eval_samples\.npz|samples|checkpoints|profile|events\.out\.tfevents\..+|fixed_noise\.npy\.tmp"
+                       r"|\.(config\.json|history\.jsonl|summary\.json|initial_weights\.npz|fixed_noise\.npy"
+                       r"|eval_samples\.npz)\.tmp-\d+)")
 # ... and what it writes inside its samples/ and checkpoints/ (with atomic_write's temporary files)
 FOLDER_ENTRY = {"samples": re.compile(r"step_\d{6,}(_recon)?\.png|\.step_\d{6,}(_recon)?\.png\.tmp-\d+"),
                 "checkpoints": re.compile(r"(diverged_)?step_\d{6,}\.(pt|npz)"
@@ -660,6 +662,18 @@ class RunFolder:
             return
         atomic_write(self.path / "summary.json",
                      lambda f: f.write(strict_json(summary, indent=2, sort_keys=True).encode()))
+
+    def write_eval_samples(self, samples: np.ndarray, step: int, seed: int) -> Path:
+        """--save-samples: the evaluation's samples as other tools read them, images as the
+        uint8 NHWC pixels a PNG of them holds, 2-D points as float32; with the step and seed
+        they came from (the noise is common/evaluation.py's evaluation_noise of that seed)."""
+        if samples.ndim == 4:
+            samples = np.round(np.clip(samples, 0.0, 1.0) * 255).astype(np.uint8)
+        else:
+            samples = samples.astype(np.float32)
+        path = self.path / "eval_samples.npz"
+        atomic_write(path, lambda f: np.savez_compressed(f, samples=samples, step=np.int64(step), seed=np.int64(seed)))
+        return path
 
     def read_finished(self, hint: str = "") -> tuple[dict, dict]:
         """config.json and summary.json of a finished run (its framework, precision and step);

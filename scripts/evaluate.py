@@ -5,6 +5,7 @@
     python scripts/evaluate.py --draws 5 runs/dcgan/pytorch-fp32         # and 4 other draws of z
     python scripts/evaluate.py --floor                                   # MNIST train vs test
     python scripts/evaluate.py --device cpu runs/dcgan/pytorch-amp-fp16  # trained on a GPU, measured here
+    python scripts/evaluate.py --save-samples runs/dcgan/pytorch-fp32     # and keep them: eval_samples.npz
 
 The run's own script reopens the run from its last checkpoint (`--resume` with nothing left to
 train, in a fresh process, under the run's precision; a run whose last checkpoint is not at its
@@ -45,6 +46,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"),
                         help="reopen the runs on this device, not the one each trained on (a run trained on "
                              "a GPU, evaluated where there is none: the same z, the device's rounding)")
+    parser.add_argument("--save-samples", action="store_true",
+                        help="write each run's samples (the first draw) to eval_samples.npz in its folder: "
+                             "images as uint8 NHWC, 2-D points as float32, to score with other tools")
     parser.add_argument("--floor", action="store_true", help="MNIST train vs test, the real-data floor")
     args = parser.parse_args(argv)
     if not args.runs and not args.floor:
@@ -53,7 +57,8 @@ def main(argv=None) -> int:
     for folder in args.runs:  # all of them before the first is measured
         evaluation.check_evaluable(folder)
     for folder in args.runs:
-        results = evaluation.evaluate_run(folder, args.samples, args.iwae_k, args.draws, args.device)
+        results = evaluation.evaluate_run(folder, args.samples, args.iwae_k, args.draws, args.device,
+                                              args.save_samples)
         draws = results.pop("draws", None)
         print(f"{folder}: " + ", ".join(f"{k} {evaluation.figure(v)}" for k, v in results.items()))
         if draws:

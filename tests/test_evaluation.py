@@ -11,6 +11,7 @@ import pytest
 
 from common import cpu, evaluation
 from common import data as datasets
+from common.runs import RunFolder
 from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
 from scripts import evaluate as evaluate_script
 from VAE.vanilla_vae import vae_tensorflow
@@ -91,6 +92,25 @@ def test_eval_draws_add_other_noise_and_keep_the_runs_own_first():
                           np.random.default_rng([7, 23]).standard_normal((5, 3)).astype(np.float32))
 
 
+def test_save_samples_is_handed_the_runs_own_draw_once():
+    """--save-samples keeps the samples the recorded figures were measured on: draw 0's, not
+    another draw's (under --eval-draws), and only once."""
+    trainer = ImagesPickedByNoise(datasets.load_dataset("mnist", split="train", limit=2000).x)
+    kept = []
+    evaluation.evaluate(config(eval_draws=3), trainer, log=lambda *_: None, keep=kept.append)
+    assert len(kept) == 1
+    assert np.array_equal(kept[0], trainer.sample(evaluation.evaluation_noise(500, 3, seed=0)))
+
+
+def test_samples_holding_a_nan_are_not_saved():
+    images = datasets.load_dataset("mnist", split="test", limit=20).x.copy()
+    trainer = ImagesAsSamples(images)
+    trainer.images[3, 10, 10, 0] = np.nan
+    kept, said = [], []
+    evaluation.evaluate(config(evaluate=20), trainer, log=said.append, keep=kept.append)
+    assert kept == [] and said == ["evaluation: the samples hold inf/NaN; no metrics, none saved"]
+
+
 def test_vae_bounds_equal_the_closed_form_when_the_posterior_is_the_prior():
     # q(z|x) = N(0, I) = p(z), and logits 0 make log p(x|z) = -D log 2 for any x in [0, 1]:
     # every importance weight is -D log 2, so the ELBO and the IWAE bound are exactly that.
@@ -157,6 +177,33 @@ def test_evaluate_flag_measures_at_the_end_of_training(script, tmp_path):
     assert metrics["samples"] == 300
     assert metrics["fid"] > 50  # four steps of training are far from digits
     assert 0 <= metrics["precision"] <= 1 and 0 <= metrics["recall"] <= 1
+
+
+@pytest.mark.parametrize("script", [gan_pytorch, gan_tensorflow], ids=["pytorch", "tensorflow"])
+def test_save_samples_writes_the_evaluations_samples_as_uint8_images(script, tmp_path, capsys):
+    out = tmp_path / "run"
+    summary = script.main(["--out", str(out), *TINY, "--evaluate", "300", "--save-samples", "--seed", "5"])
+    assert f"evaluation samples in {out / 'eval_samples.npz'}" in capsys.readouterr().out
+    with np.load(out / "eval_samples.npz", allow_pickle=False) as saved:
+        assert set(saved.files) == {"samples", "step", "seed"}
+        samples, step, seed = saved["samples"], int(saved["step"]), int(saved["seed"])
+    assert samples.shape == (300, 28, 28, 1) and samples.dtype == np.uint8
+    assert (step, seed) == (4, 5)
+    assert len(np.unique(samples)) > 100  # pixels, not a constant
+    # the samples the summary's figures came from (to a pixel's rounding to 8 bits)
+    rescored = evaluation.image_metrics(samples.astype(np.float32) / 255)
+    assert rescored["fid"] == pytest.approx(summary["metrics"]["fid"], rel=1e-3)
+
+
+def test_save_samples_keeps_2d_points_as_float32(tmp_path):
+    folder = RunFolder(tmp_path)
+    points = np.random.default_rng(0).standard_normal((50, 2))  # float64, as numpy draws them
+    with np.load(folder.write_eval_samples(points, step=7, seed=3), allow_pickle=False) as saved:
+        assert saved["samples"].dtype == np.float32 and np.array_equal(saved["samples"], points.astype(np.float32))
+        assert (int(saved["step"]), int(saved["seed"])) == (7, 3)
+    images = np.array([0.0, 0.4 / 255, 0.6 / 255, 254.6 / 255, 1.0, 1.2, -0.1]).reshape(1, 7, 1, 1)
+    with np.load(folder.write_eval_samples(images, step=7, seed=3), allow_pickle=False) as saved:
+        assert saved["samples"].ravel().tolist() == [0, 0, 1, 255, 255, 255, 0]  # rounded, clipped
 
 
 class PointsOnThreeRingModes:
@@ -683,6 +730,9 @@ def test_evaluate_run_reopens_a_run_as_it_was_trained_with_the_draws_asked_for(t
         assert "--no-tensorboard" in command and command[command.index("--device") + 1] == "cuda"
         assert command[command.index("--iters") + 1] == "4" and "--resume" in command
     assert "--eval-draws" not in one and two[two.index("--eval-draws") + 1] == "2"
+    assert "--save-samples" not in one + two
+    evaluation.evaluate_run(folder, 100, None, save_samples=True)
+    assert "--save-samples" in commands[-1]
 
 
 def measured_quality_run(runs, seed, metrics):

@@ -73,6 +73,8 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
     (run / "checkpoints" / "best_keep.pt").write_text("x")
     (run / "checkpoints" / ".step_000007.pt.tmp-12").write_text("x")  # a killed save's leftover
     (run / "samples" / ".step_000003.png.tmp-12").write_text("x")  # a killed grid's
+    (run / "eval_samples.npz").write_text("x")  # --save-samples' file, and a killed write's
+    (run / ".eval_samples.npz.tmp-12").write_text("x")
     # names that only begin like a run's (matched whole): the user's copies
     (run / "config.json.bak").write_text("x")
     (run / "samples_old").mkdir()
@@ -89,6 +91,7 @@ def test_a_folder_that_holds_no_run_is_never_deleted(tmp_path, capsys):
                                                                   "step_000001.png"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best_keep.pt", "step_000001.pt",
                                                                       "step_000002.pt.bak"]
+    assert not (run / "eval_samples.npz").exists() and not (run / ".eval_samples.npz.tmp-12").exists()
     assert json.loads((run / "config.json").read_text())["iters"] == 1
 
 

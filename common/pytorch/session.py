@@ -126,9 +126,9 @@ class Session:
         with self._inference():
             self.trainer.write_samples(run, step)
 
-    def evaluate(self, cfg: RunConfig) -> dict:
+    def evaluate(self, cfg: RunConfig, keep=None) -> dict:
         with self._inference():
-            return evaluation.evaluate(cfg, self.trainer)
+            return evaluation.evaluate(cfg, self.trainer, keep=keep)
 
     def peak_memory_mb(self) -> float:
         return self.runtime.peak_memory_mb()

@@ -127,8 +127,8 @@ class Session:
     def write_samples(self, run: RunFolder, step: int):
         self.trainer.write_samples(run, step)
 
-    def evaluate(self, cfg: RunConfig) -> dict:
-        return evaluation.evaluate(cfg, self.trainer)
+    def evaluate(self, cfg: RunConfig, keep=None) -> dict:
+        return evaluation.evaluate(cfg, self.trainer, keep=keep)
 
     def open_tensorboard(self, folder: Path, purge_step: int) -> Writer:
         return Writer(folder, purge_step)
