@@ -211,7 +211,7 @@ def test_the_other_replicas_are_let_go_and_the_summary_written_before_the_evalua
         def wait_for_writer(self):
             events.append("replicas let go")
 
-    def evaluate(session, cfg):
+    def evaluate(session, cfg, keep=None):
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         events.append(f"evaluated after a summary at step {summary['step']}")
         raise RuntimeError("the evaluation failed")
