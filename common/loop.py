@@ -661,6 +661,8 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
     if cfg.evaluate and run.writable:
         def keep(samples):
             log(f"evaluation samples in {run.write_eval_samples(samples, step, cfg.seed)}")
+        if cfg.save_samples:  # an earlier evaluation's, which samples with inf/NaN would leave behind
+            run.eval_samples.unlink(missing_ok=True)
         summary["metrics"] = session.evaluate(cfg, keep if cfg.save_samples else None)
         summary.pop("metrics_over_draws", None)  # an earlier evaluation's
         if "draws" in summary["metrics"]:  # --eval-draws: each draw's figures

@@ -384,6 +384,7 @@ class RunFolder:
         self.samples = self.path / "samples"
         self.checkpoints = self.path / "checkpoints"
         self.history_file = self.path / "history.jsonl"
+        self.eval_samples = self.path / "eval_samples.npz"
 
     @classmethod
     def prepare(cls, cfg: RunConfig, precision: str, details: dict) -> "RunFolder":
@@ -671,9 +672,9 @@ class RunFolder:
             samples = np.round(np.clip(samples, 0.0, 1.0) * 255).astype(np.uint8)
         else:
             samples = samples.astype(np.float32)
-        path = self.path / "eval_samples.npz"
-        atomic_write(path, lambda f: np.savez_compressed(f, samples=samples, step=np.int64(step), seed=np.int64(seed)))
-        return path
+        atomic_write(self.eval_samples,
+                     lambda f: np.savez_compressed(f, samples=samples, step=np.int64(step), seed=np.int64(seed)))
+        return self.eval_samples
 
     def read_finished(self, hint: str = "") -> tuple[dict, dict]:
         """config.json and summary.json of a finished run (its framework, precision and step);

@@ -9,6 +9,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from common import loop, models
@@ -223,6 +224,30 @@ def test_the_other_replicas_are_let_go_and_the_summary_written_before_the_evalua
     assert events == ["replicas let go", "evaluated after a summary at step 20"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["step"] == 20 and "metrics" not in summary  # the training's figures stay
+
+
+@pytest.mark.parametrize("finite", [True, False])
+def test_save_samples_replaces_an_earlier_evaluations_file_or_removes_it(finite, tmp_path, monkeypatch):
+    """The file holds this evaluation's samples or, where they held inf/NaN (keep is not
+    called), none: an earlier evaluation's would pass for this one's."""
+    samples = np.full((10, 28, 28, 1), 0.5, np.float32)
+
+    def evaluate(session, cfg, keep=None):
+        if finite:
+            keep(samples)
+        return {"samples": 10} if finite else {"samples": 10, "finite_samples": 0.0}
+
+    monkeypatch.setattr(ScriptedSession, "evaluate", evaluate, raising=False)
+    (tmp_path / "run").mkdir()
+    earlier = RunFolder(tmp_path / "run").write_eval_samples(np.zeros((3, 28, 28, 1)), step=5, seed=0)
+    _, _, messages, _ = run_loop(tmp_path, lambda step: {"loss": 1.0}, iters=20, evaluate=10, save_samples=True)
+    if finite:
+        with np.load(earlier, allow_pickle=False) as saved:
+            assert int(saved["step"]) == 20 and saved["samples"].shape == (10, 28, 28, 1)
+            assert (saved["samples"] == 128).all()  # 0.5 of 255, rounded
+        assert f"evaluation samples in {earlier}" in messages
+    else:
+        assert not earlier.exists()
 
 
 # --- the options reach the frameworks ------------------------------------------------------
