@@ -740,3 +740,14 @@ def test_reuse_refuses_a_run_of_other_initial_weights_or_of_more_iterations(tmp_
         compare.decide(plan(4, init_from=tmp_path / "pytorch-fp32"), reuse=True, overwrite=False)
     with pytest.raises(UsageError, match="it trained 4 iterations, --iters asks for 2"):
         compare.decide(plan(2), reuse=True, overwrite=False)
+
+
+def test_a_report_of_many_common_steps_shows_four_of_them_first_and_last_kept(tmp_path):
+    """write_report picks at most four rows of grids by itself (mutation round 10: a default
+    of three went unseen; every other test asks matching_steps for its count)."""
+    sides = [fake_side(tmp_path, name, range(7), [{"step": 2, "loss": 1.0}]) for name in ("a", "b")]
+    for side in sides:
+        for step in range(7):
+            plt.imsave(side.run.sample_path(step), np.zeros((8, 8)), cmap="gray")
+    table = report.write_report(sides, tmp_path / "report", "t", "cmd")
+    assert table["sample_steps"] == [0, 2, 4, 6]
