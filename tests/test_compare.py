@@ -751,3 +751,12 @@ def test_a_report_of_many_common_steps_shows_four_of_them_first_and_last_kept(tm
             plt.imsave(side.run.sample_path(step), np.zeros((8, 8)), cmap="gray")
     table = report.write_report(sides, tmp_path / "report", "t", "cmd")
     assert table["sample_steps"] == [0, 2, 4, 6]
+
+
+def test_a_loss_scale_backed_off_below_one_still_gets_its_panel(tmp_path):
+    """A float16 scaler halves its scale on every overflow, below 1 if need be: a run whose
+    scale only ever went down is a scaled run too (mutation round 10: "scaled" as a scale
+    above 1 went unseen)."""
+    backed_off = fake_side(tmp_path, "amp", [0], [{"step": 2, "loss": 1.0, "loss_scale": 0.5}])
+    plain = fake_side(tmp_path, "fp32", [0], [{"step": 2, "loss": 1.0, "loss_scale": 1.0}])
+    assert report.loss_panels([plain, backed_off]) == ["loss", "loss_scale"]
