@@ -760,3 +760,19 @@ def test_a_loss_scale_backed_off_below_one_still_gets_its_panel(tmp_path):
     backed_off = fake_side(tmp_path, "amp", [0], [{"step": 2, "loss": 1.0, "loss_scale": 0.5}])
     plain = fake_side(tmp_path, "fp32", [0], [{"step": 2, "loss": 1.0, "loss_scale": 1.0}])
     assert report.loss_panels([plain, backed_off]) == ["loss", "loss_scale"]
+
+
+def test_a_grayscale_grid_is_read_as_three_equal_channels(tmp_path):
+    """A grid saved as 8-bit grayscale (a tool's re-save of the run's RGBA PNG) is height x
+    width, not height x width x channels: read as RGB, its drift against the same picture in
+    colour is 0 (mutation round 10: dropping the grayscale branch of read_grid went unseen)."""
+    from PIL import Image
+
+    gray = fake_side(tmp_path, "gray", [0], [{"step": 2, "loss": 1.0}])
+    colour = fake_side(tmp_path, "colour", [0], [{"step": 2, "loss": 1.0}])
+    pixels = np.tile(np.arange(0, 256, 16, dtype=np.uint8), (16, 1))
+    Image.fromarray(pixels, mode="L").save(gray.run.sample_path(0))
+    Image.fromarray(np.stack([pixels] * 3, axis=-1), mode="RGB").save(colour.run.sample_path(0))
+    grid = report.read_grid(gray, 0)
+    assert grid.shape == (16, 16, 3) and np.array_equal(grid, report.read_grid(colour, 0))
+    assert report.sample_drift([gray, colour], [0]) == {0: 0.0}
