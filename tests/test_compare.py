@@ -776,3 +776,12 @@ def test_a_grayscale_grid_is_read_as_three_equal_channels(tmp_path):
     grid = report.read_grid(gray, 0)
     assert grid.shape == (16, 16, 3) and np.array_equal(grid, report.read_grid(colour, 0))
     assert report.sample_drift([gray, colour], [0]) == {0: 0.0}
+
+
+def test_a_dangling_link_of_a_report_files_name_is_the_users_not_replaced(tmp_path):
+    """A link to nowhere named report.md does not exist() but would be replaced all the same
+    (mutation round 10: leaving out the is_symlink test of files_of_others went unseen)."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "report.md").symlink_to(tmp_path / "elsewhere.md")
+    assert report.files_of_others(folder) == ["report.md"]
