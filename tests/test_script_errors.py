@@ -778,3 +778,14 @@ def test_a_reader_that_goes_away_stops_a_script_quietly(tmp_path):
     process.stdout.close()  # the reader is gone before the first line
     stderr = process.stderr.read()
     assert process.wait(timeout=240) == 141 and "Traceback" not in stderr, stderr[-2000:]
+
+
+def test_summarize_runs_names_a_run_folder_given_itself_by_its_name(tmp_path, capsys):
+    """`summarize_runs.py runs/vanilla_gan/pytorch-fp32`: the row names the folder, not "."
+    (mutation round 10: taking the path relative to the folder named went unseen)."""
+    from scripts import summarize_runs
+
+    folder = fake_compare_runs(tmp_path / "runs")["pytorch"]
+    assert summarize_runs.main([str(folder)]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "vanilla_gan pytorch" in line]
+    assert row.startswith(f"| {folder.name} | vanilla_gan pytorch |"), row
