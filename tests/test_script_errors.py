@@ -789,3 +789,17 @@ def test_summarize_runs_names_a_run_folder_given_itself_by_its_name(tmp_path, ca
     assert summarize_runs.main([str(folder)]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "vanilla_gan pytorch" in line]
     assert row.startswith(f"| {folder.name} | vanilla_gan pytorch |"), row
+
+
+def test_summarize_runs_shows_a_dash_for_a_skip_count_the_summary_lacks(tmp_path, capsys):
+    """A summary.json without skipped_steps (an older run's, or an edit) counted none: "-" in
+    that cell, not a 0 (mutation round 10: a default of 0 went unseen)."""
+    from scripts import summarize_runs
+
+    folder = fake_compare_runs(tmp_path / "runs")["tensorflow"]
+    summary = json.loads((folder / "summary.json").read_text())
+    del summary["skipped_steps"]
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "vanilla_gan tensorflow" in line]
+    assert row.endswith("| 1.00 | 8 | 1 | - | d_loss 1.000 |"), row
