@@ -803,3 +803,19 @@ def test_summarize_runs_shows_a_dash_for_a_skip_count_the_summary_lacks(tmp_path
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "vanilla_gan tensorflow" in line]
     assert row.endswith("| 1.00 | 8 | 1 | - | d_loss 1.000 |"), row
+
+
+def test_summarize_runs_shows_a_stopped_run_whose_config_lacks_its_iters(tmp_path, capsys):
+    """A run stopped early whose config.json holds no --iters (an edit): its step count alone,
+    not a KeyError traceback (mutation round 10: reading config["iters"] unchecked went unseen)."""
+    from scripts import summarize_runs
+
+    folder = fake_compare_runs(tmp_path / "runs")["tensorflow"]
+    config = json.loads((folder / "config.json").read_text())
+    del config["iters"]
+    (folder / "config.json").write_text(json.dumps(config))
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "stopped_early": True}))
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "vanilla_gan tensorflow" in line]
+    assert "| mnist | fp32 | cpu | 2 | 1.00 |" in row, row
