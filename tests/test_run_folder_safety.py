@@ -1109,3 +1109,13 @@ def test_a_fixed_noise_file_of_another_shape_or_dtype_or_a_dangling_link_is_refu
     refused(capsys, "holds float32(32, 100), expected float32(64, 100)", run, "--resume", "--iters", "4",
             "--sample-every", "0")
     assert [path.name for path in (run / "checkpoints").iterdir()] == ["step_000002.pt"]
+
+
+def test_a_fixed_noise_file_of_the_right_rows_but_another_width_is_refused(tmp_path):
+    """Noise of another --z-dim (or a model's with another latent size), with as many rows as
+    the grid: refused, not handed to a generator it does not fit (mutation round 10: checking
+    the row count alone went unseen)."""
+    np.save(tmp_path / "fixed_noise.npy", np.zeros((64, 50), np.float32))
+    with pytest.raises(sampling.UserError, match=r"holds float32\(64, 50\), expected float32\(64, 100\)"):
+        sampling.check_fixed_noise(tmp_path, 64, 100)
+    sampling.check_fixed_noise(tmp_path, 64, 50)
