@@ -263,3 +263,13 @@ def test_quality_scalars_are_the_metrics_not_the_sample_count_or_the_draws():
     curve of 10,000 beside FID), and the lists of --eval-draws are no scalar."""
     metrics = {"samples": 10_000, "fid": 5.5, "classes_covered": 10, "draws": {"fid": [5.5, 6.0]}}
     assert tensorboard.metric_scalars(metrics) == {"quality/fid": 5.5, "quality/classes_covered": 10.0}
+
+
+def test_the_skipped_steps_scalar_is_the_runs_total_not_the_intervals():
+    """amp/skipped_steps counts the steps skipped so far, as its doc says; a float32 run (every
+    run of the other tests) skips none, where both counts are 0 (mutation round 10: the
+    interval's own count went unseen)."""
+    row = {"step": 20, "loss_scale": 512.0, "skipped": 1, "skipped_total": 5, "step_ms": 4.0}
+    scalars = tensorboard.interval_scalars(row, {"d_loss": 0.5}, batch_size=8, lr=2e-4)
+    assert scalars["amp/skipped_steps"] == 5 and scalars["amp/loss_scale"] == 512.0
+    assert scalars["speed/samples_per_s"] == 2000.0 and scalars["loss/d_loss"] == 0.5
