@@ -1540,3 +1540,21 @@ def test_full_precision_runs_a_float32_input_in_float32_inside_autocast():
         rounded = layer(x)  # what autocast alone computes
     assert out.dtype == torch.float32 and rounded.dtype == torch.bfloat16
     torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
+
+
+def test_an_evaluation_without_save_samples_writes_no_samples_file(tmp_path, monkeypatch):
+    """--evaluate alone measures the samples and keeps none: the evaluation is handed no keep
+    and the run folder gets no eval_samples.npz (mutation round 10: handing keep over always
+    went unseen)."""
+    handed = []
+
+    def evaluate(session, cfg, keep=None):
+        handed.append(keep)
+        if keep is not None:
+            keep(np.full((10, 28, 28, 1), 0.5, np.float32))
+        return {"samples": 10}
+
+    monkeypatch.setattr(ScriptedSession, "evaluate", evaluate, raising=False)
+    _, _, messages, _ = run_loop(tmp_path, lambda step: {"loss": 1.0}, iters=20, evaluate=10)
+    assert handed == [None] and not (tmp_path / "run" / "eval_samples.npz").exists()
+    assert not any("evaluation samples in" in message for message in messages)
