@@ -794,3 +794,16 @@ def test_compare_takes_amp_dtype_auto_without_amp_as_the_scripts_do():
     assert args.amp_dtype == "auto"
     with pytest.raises(UsageError, match="--amp-dtype bfloat16 needs --amp"):
         compare.parse(["--model", "vanilla_gan", "--amp-dtype", "bfloat16"])
+
+
+def test_the_report_makes_no_step_time_ratio_from_a_median_of_zero(tmp_path):
+    """An edited summary's median_step_ms of 0 (a number, so read as sound) has no ratio to
+    give: the sentence is left out, not a ZeroDivisionError after both runs trained (mutation
+    round 10: testing the medians against None alone went unseen)."""
+    zero = fake_side(tmp_path, "zero", [0], [{"step": 2, "loss": 1.0}])
+    slow = fake_side(tmp_path, "slow", [0], [{"step": 2, "loss": 1.0}])
+    zero.summary["median_step_ms"], slow.summary["median_step_ms"] = 0.0, 25.0
+    for side in (zero, slow):
+        plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
+    report.write_report([zero, slow], tmp_path / "report", "t", "cmd")
+    assert "the step time of" not in (tmp_path / "report" / "report.md").read_text()
