@@ -807,3 +807,11 @@ def test_the_report_makes_no_step_time_ratio_from_a_median_of_zero(tmp_path):
         plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
     report.write_report([zero, slow], tmp_path / "report", "t", "cmd")
     assert "the step time of" not in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_the_report_table_prints_a_figure_of_zero_as_zero_not_as_missing():
+    """"-" is a figure the run did not record (null); 0 is one it did (mutation round 10:
+    printing any false value as "-" went unseen)."""
+    row = {"run": "pytorch fp32", "device": "cpu", "steps": 4, "median_step_ms": None, "samples_per_s": 0.0,
+           "peak_memory_mb": 0.0, "skipped_steps": 0, "final_losses": {}, "metrics": {}}
+    assert report.markdown_table([row]).splitlines()[-1] == "| pytorch fp32 | cpu | 4 | - | 0 | 0 | 0 | - |"
