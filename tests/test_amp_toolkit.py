@@ -1542,10 +1542,11 @@ def test_full_precision_runs_a_float32_input_in_float32_inside_autocast():
     torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
 
 
-def test_an_evaluation_without_save_samples_writes_no_samples_file(tmp_path, monkeypatch):
+def test_an_evaluation_without_save_samples_writes_no_samples_file_and_keeps_the_last(tmp_path, monkeypatch):
     """--evaluate alone measures the samples and keeps none: the evaluation is handed no keep
-    and the run folder gets no eval_samples.npz (mutation round 10: handing keep over always
-    went unseen)."""
+    (mutation round 10: handing keep over always went unseen), and the samples an earlier
+    evaluation saved stay as they were: they say their step, and no --save-samples asked for
+    them to go."""
     handed = []
 
     def evaluate(session, cfg, keep=None):
@@ -1555,6 +1556,9 @@ def test_an_evaluation_without_save_samples_writes_no_samples_file(tmp_path, mon
         return {"samples": 10}
 
     monkeypatch.setattr(ScriptedSession, "evaluate", evaluate, raising=False)
+    (tmp_path / "run").mkdir()
+    earlier = RunFolder(tmp_path / "run").write_eval_samples(np.zeros((3, 28, 28, 1)), step=5, seed=0)
+    saved = earlier.read_bytes()
     _, _, messages, _ = run_loop(tmp_path, lambda step: {"loss": 1.0}, iters=20, evaluate=10)
-    assert handed == [None] and not (tmp_path / "run" / "eval_samples.npz").exists()
+    assert handed == [None] and earlier.read_bytes() == saved
     assert not any("evaluation samples in" in message for message in messages)
