@@ -60,6 +60,8 @@ def test_model_defaults_come_from_hparams_and_flags_override_them():
     (["--replicas", "1000"], "--replicas: must be from 1 to 64, got 1000"),  # ran for minutes building them
     (["--workers", "1000"], "--workers: must be from 0 to 64, got 1000"),  # PyTorch forked 1,000 loader processes
     (["--workers", "-1"], "--workers: must be from 0 to 64, got -1"),
+    # one past the bound (mutation round 10: a bound of 5,120 went unseen; only 100,000 was tried)
+    (["--image-size", "513"], "--image-size: must be from 1 to 512, got 513"),
 ])
 def test_invalid_flag_values_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
