@@ -87,6 +87,7 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
 @pytest.mark.parametrize("argv, message", [
     (["--amp-dtype", "float16"], "needs --amp"),
     (["--eval-draws", "3"], "--eval-draws 3 needs --evaluate N"),
+    (["--eval-draws", "2"], "--eval-draws 2 needs --evaluate N"),  # mutation round 10: `> 2` went unseen
     (["--save-samples"], "--save-samples needs --evaluate N"),
     (["--resume", "--overwrite"], "contradict"),
     (["--weight-decay", "0.01"], "needs --optimizer adamw"),
