@@ -92,6 +92,7 @@ def test_float_flags_take_their_bounds_and_zero_where_zero_means_off():
     (["--resume", "--overwrite"], "contradict"),
     (["--weight-decay", "0.01"], "needs --optimizer adamw"),
     (["--dataset", "cifar10"], "needs --data-dir"),
+    (["--dataset", "fashion-mnist"], "--dataset fashion-mnist needs --data-dir"),  # mutation round 10: unseen
     (["--dataset", "ring8", "--image-size", "32"], "--image-size resizes images; --dataset ring8 is 2-D points"),
     # the mixtures read no files: the run went on and recorded a folder that was never read
     (["--dataset", "ring8", "--data-dir", "/nonexistent/dir"], "--data-dir names the files of an image dataset; "
