@@ -313,3 +313,10 @@ def test_a_default_from_hparams_is_no_flag_given(monkeypatch):
     assert (cfg.init_scale, cfg.tf32) == (1024.0, "off") and unused_flags(cfg, "fp32", "cpu") == []
     assert unused_flags(parse("--init-scale", "512"), "fp32", "cpu") == [
         "--init-scale: only float16 scales its loss, and this run is float32"]
+
+
+def test_minus_zero_for_a_switch_that_is_off_is_recorded_as_zero():
+    """-0 turns the clip or weight decay off as 0 does, and config.json records 0.0, not -0.0
+    (mutation round 10: returning the -0.0 as typed went unseen)."""
+    cfg = parse("--clip-grad-norm", "-0", "--weight-decay", "-0.0")
+    assert (str(cfg.clip_grad_norm), str(cfg.weight_decay)) == ("0.0", "0.0")
