@@ -320,3 +320,10 @@ def test_minus_zero_for_a_switch_that_is_off_is_recorded_as_zero():
     (mutation round 10: returning the -0.0 as typed went unseen)."""
     cfg = parse("--clip-grad-norm", "-0", "--weight-decay", "-0.0")
     assert (str(cfg.clip_grad_norm), str(cfg.weight_decay)) == ("0.0", "0.0")
+
+
+def test_a_data_dir_with_a_tilde_no_shell_expanded_is_under_the_home_folder(monkeypatch, tmp_path):
+    """Quoted, or after "=", a "~" reaches the script as typed: it is the home folder, not a
+    folder named "~" in the working one (mutation round 10: dropping the expansion went unseen)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert parse("--data-dir", "~/mnist").data_dir == str(tmp_path / "mnist")
