@@ -327,3 +327,9 @@ def test_a_data_dir_with_a_tilde_no_shell_expanded_is_under_the_home_folder(monk
     folder named "~" in the working one (mutation round 10: dropping the expansion went unseen)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     assert parse("--data-dir", "~/mnist").data_dir == str(tmp_path / "mnist")
+
+
+def test_a_data_limit_of_exactly_one_batch_is_taken():
+    """One full batch is enough; only a smaller limit is refused (mutation round 10: refusing
+    --data-limit equal to --batch-size went unseen)."""
+    assert parse("--batch-size", "64", "--data-limit", "64").data_limit == 64
