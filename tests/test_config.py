@@ -333,3 +333,14 @@ def test_a_data_limit_of_exactly_one_batch_is_taken():
     """One full batch is enough; only a smaller limit is refused (mutation round 10: refusing
     --data-limit equal to --batch-size went unseen)."""
     assert parse("--batch-size", "64", "--data-limit", "64").data_limit == 64
+
+
+def test_the_precision_line_warns_of_slow_float16_on_a_cpu_only():
+    """float16 is emulated on a CPU; on CUDA, and for bfloat16, the line says nothing of it
+    (mutation round 10: dropping the warning went unseen)."""
+    from common.config import describe_precision
+
+    assert describe_precision("amp-fp16", "cpu") == ("AMP float16 with dynamic loss scaling -- float16 is "
+                                                     "emulated on CPU and runs slowly")
+    assert describe_precision("amp-fp16", "cuda") == "AMP float16 with dynamic loss scaling"
+    assert "emulated" not in describe_precision("amp-bf16", "cpu") + describe_precision("fp32", "cpu")
