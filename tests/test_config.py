@@ -344,3 +344,17 @@ def test_the_precision_line_warns_of_slow_float16_on_a_cpu_only():
                                                      "emulated on CPU and runs slowly")
     assert describe_precision("amp-fp16", "cuda") == "AMP float16 with dynamic loss scaling"
     assert "emulated" not in describe_precision("amp-bf16", "cpu") + describe_precision("fp32", "cpu")
+
+
+def test_bfloat16_on_a_cpu_without_native_support_is_noted_once_as_slower(monkeypatch):
+    """Only a bfloat16 run on a CPU that surely lacks AVX512-BF16/AMX is told it runs slower than
+    float32 (mutation round 10: dropping the note went unseen)."""
+    from common import cpu
+    from common.config import warn_if_bf16_emulated
+
+    for native in (False, True):
+        monkeypatch.setattr(cpu, "has_native_bf16", lambda: native)
+        logged = []
+        for precision, device in (("amp-bf16", "cpu"), ("amp-bf16", "cuda"), ("amp-fp16", "cpu"), ("fp32", "cpu")):
+            warn_if_bf16_emulated(precision, device, log=logged.append)
+        assert len(logged) == (0 if native else 1) and all("no native bfloat16" in line for line in logged)
