@@ -200,6 +200,8 @@ def running_statistics(weights_of_run: dict) -> list[str]:
 @pytest.mark.parametrize("framework,flags,words", [
     ("pytorch", ["--distribute", "mirrored"], "torchrun --standalone"),
     ("tensorflow", ["--replicas", "2"], "--replicas N goes with --distribute mirrored"),
+    # mutation round 10: --replicas with --distribute multi-worker went unseen (it was taken, and unused)
+    ("tensorflow", ["--distribute", "multi-worker", "--replicas", "2"], "--replicas N goes with --distribute mirrored"),
     ("tensorflow", ["--sync-bn"], "add --distribute"),
     ("tensorflow", ["--distribute", "mirrored", "--replicas", "2", "--xla"], "keras#21366"),
     # when the flags are read: 100 replicas took 31 s to build before this was found
