@@ -199,6 +199,8 @@ def running_statistics(weights_of_run: dict) -> list[str]:
 
 @pytest.mark.parametrize("framework,flags,words", [
     ("pytorch", ["--distribute", "mirrored"], "torchrun --standalone"),
+    # named as TensorFlow's, not sent to --distribute mirrored (mutation round 10: went unseen)
+    ("pytorch", ["--replicas", "2"], "--replicas is TensorFlow's; PyTorch runs data parallel under torchrun"),
     ("tensorflow", ["--replicas", "2"], "--replicas N goes with --distribute mirrored"),
     # mutation round 10: --replicas with --distribute multi-worker went unseen (it was taken, and unused)
     ("tensorflow", ["--distribute", "multi-worker", "--replicas", "2"], "--replicas N goes with --distribute mirrored"),
