@@ -704,6 +704,15 @@ def test_a_scripts_help_begins_with_its_docstrings_whole_first_paragraph(script,
     assert first_paragraph in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_scripts_help_leaves_out_its_docstrings_later_paragraphs():
+    """The test above finds the first paragraph in --help, not that the rest stays out (mutation
+    round 10: a description of the whole docstring went unseen)."""
+    from common.flags import first_paragraph
+
+    assert first_paragraph("Train a model,\n    in two lines.\n\nHow it works,\nat length.\n") == (
+        "Train a model, in two lines.")
+
+
 # --- 8. Ctrl-C while a script runs another -----------------------------------------------------
 CHILD = """
 import signal, sys, time
