@@ -366,6 +366,9 @@ def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
     expect_exit(1, "precision: 'fp32' -> 'amp-bf16'", capsys, "pytorch", out, "--amp", "--iters", "4", "--resume")
     # another --data-limit is another epoch's permutation and other examples: no bit-exact resume
     expect_exit(1, "data_limit: 256 -> 128", capsys, "pytorch", out, "--data-limit", "128", "--iters", "4", "--resume")
+    # another rate of the average of G is another average from here on (mutation round 10:
+    # ema_decay dropped from the settings a resume must keep went unseen)
+    expect_exit(1, "ema_decay: 0.999 -> 0.9", capsys, "pytorch", out, "--ema-decay", "0.9", "--iters", "4", "--resume")
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
