@@ -298,7 +298,9 @@ def named_settings(parser: argparse.ArgumentParser, argv) -> set[str]:
 def recorded_iters(cfg: RunConfig) -> int | None:
     """The --iters in the config.json of the run --resume names (--out, or the default folder
     of a precision the flags may resolve to); None where no run's says it, and the resume's own
-    checks then say what is wrong. Two such runs of different --iters are one UsageError."""
+    checks then say what is wrong. Two such runs of different --iters are one UsageError, and
+    so is an iters that is no count of iterations (an edited file): the model's default in its
+    place trained a run of 2 iterations on to 20,000."""
     if cfg.out:
         folders = [Path(cfg.out)]
     else:
@@ -315,8 +317,14 @@ def recorded_iters(cfg: RunConfig) -> int | None:
             saved = json.loads(path.read_text()) if path.is_file() else None
         except (OSError, ValueError, RecursionError):
             continue
-        if isinstance(saved, dict) and type(saved.get("iters")) is int and saved["iters"] > 0:
-            found.setdefault(saved["iters"], folder)
+        if not isinstance(saved, dict) or "iters" not in saved:
+            continue
+        iters = saved["iters"]
+        if type(iters) is not int or not 0 < iters <= flags.MAX_COUNT:
+            shown = repr(iters) if isinstance(iters, (int, float)) else repr(str(iters)[:40])
+            raise UsageError(f"--resume: {path} records iters {shown}, not a count of iterations "
+                             "(an edited file?); name --iters, or mend the file")
+        found.setdefault(iters, folder)
     if len(found) > 1:  # --amp --device auto: the run this machine resolves to is not known yet
         runs = " and ".join(f"{folder} (--iters {iters})" for iters, folder in found.items())
         raise UsageError(f"--resume: two runs could be the one meant, {runs}; "

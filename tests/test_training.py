@@ -371,6 +371,20 @@ def test_resume_refuses_other_settings_or_nothing_to_resume(tmp_path, capsys):
     expect_exit(1, "ema_decay: 0.999 -> 0.9", capsys, "pytorch", out, "--ema-decay", "0.9", "--iters", "4", "--resume")
 
 
+def test_resume_refuses_a_recorded_iters_that_is_no_count(tmp_path, capsys):
+    """A --resume without --iters goes to the run's own; an edited config.json whose iters is
+    no count of iterations is one line, where the model's default took its place (a run of 2
+    iterations trained on to 20,000; mutation round 10 found the case untested)."""
+    out = tmp_path / "run"
+    train("pytorch", out, "--iters", "2")
+    config = json.loads((out / "config.json").read_text())
+    for iters, shown in ((-5, "-5"), (0, "0"), ("2", "'2'"), (True, "True"), (2**63, str(2**63)), (2.0, "2.0")):
+        (out / "config.json").write_text(json.dumps({**config, "iters": iters}))
+        expect_exit(2, f"records iters {shown}, not a count of iterations", capsys, "pytorch", out, "--resume")
+    (out / "config.json").write_text(json.dumps(config))
+    assert train("pytorch", out, "--resume")["step"] == 2  # its own 2: nothing left to train
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_resume_starts_from_the_latest_checkpoint(framework, tmp_path, capsys):
     """Of the two kept (steps 4 and 6), the later: from step 4 the same deterministic steps would
