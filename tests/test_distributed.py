@@ -287,7 +287,9 @@ def test_bfloat16_replicas_average_the_gradient_of_one_process(tmp_path, model):
     alone = run_script(script, "--out", str(tmp_path / "alone"), *flags, env=replica_environment())
     assert alone.returncode == 0, alone.stderr
     together = torchrun(script, "--out", str(tmp_path / "together"), *flags)
-    assert together.returncode == 0, together.stderr[-3000:]
+    # its log too: once (1 run in many) a replica ended in a C++ abort, "terminate called without
+    # an active exception", and stderr's tail alone did not say whether it had trained
+    assert together.returncode == 0, together.stdout[-2000:] + together.stderr[-6000:]
     mine, theirs = checkpoint(tmp_path / "together", 1), checkpoint(tmp_path / "alone", 1)
     compared = 0
     for name, optimizer in theirs["optimizers"].items():
