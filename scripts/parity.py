@@ -3,11 +3,13 @@ other and compare their outputs on the same inputs.
 
     python scripts/parity.py --model dcgan
     python scripts/parity.py --model all --image-size 32 --channels 3
+    python scripts/parity.py --points          # the 2-D mixtures' MLPs, of the models that take them
 
 For every network of the model (G and D, or the VAE's encoder and decoder), in both porting
 directions: build both twins, give the source random weights and random batch-norm statistics
 (so that those are tested too), port them, and run both in inference mode on the same inputs:
-fixed N(0, I) noise, or the first MNIST test images in the model's range. Printed per row:
+fixed N(0, I) noise, or the first MNIST test images in the model's range (ring8's first test
+points with --points). Printed per row:
 the largest absolute difference of the outputs, and the same divided by the largest output
 magnitude. Rows are in float32 and under AMP (bfloat16 autocast vs. the mixed_bfloat16 policy,
 the CPU's AMP), whose differences are those of two 16-bit computations and are reported, not
@@ -29,7 +31,7 @@ import torch
 
 from common import data as datasets
 from common import models
-from common.errors import exit_on_user_error
+from common.errors import UsageError, exit_on_user_error
 from common.flags import OneLineErrorParser, first_paragraph
 from common.pytorch import porting as torch_porting
 from common.tensorflow import porting as keras_porting
@@ -49,21 +51,22 @@ def keras_to_torch(model: keras.Model, module: torch.nn.Module, image_shape_hwc=
     torch_porting.import_weights(module, keras_porting.export_weights(model), image_shape_hwc)
 
 
-def networks(model: str, image_shape_hwc: tuple, width: int | None = None) -> list[tuple]:
+def networks(model: str, data_shape: tuple, width: int | None = None) -> list[tuple]:
     """(name, make_torch(), make_keras(), input) for each network of the model, built by the
-    `build_networks` of its two scripts at `width` (default: the model's); input is
-    ("noise", dim) or ("image", value_range), read from the Keras network's input shape and
-    the model's hparams."""
+    `build_networks` of its two scripts at `width` (default: the model's) for data of
+    `data_shape`, (H, W, C) images or (2,) points; input is ("noise", dim) or ("data",
+    value_range), read from the Keras network's input shape and the model's hparams."""
     entry = models.get(model)
     width = width or entry.hparams.DEFAULTS["width"]
-    height, side, channels = image_shape_hwc
+    torch_shape = data_shape if len(data_shape) == 1 else (data_shape[2], data_shape[0], data_shape[1])
     torch_script, keras_script = entry.module("pytorch"), entry.module("tensorflow")
     found = []
-    for name, keras_net in keras_script.build_networks(image_shape_hwc, width).items():
+    for name, keras_net in keras_script.build_networks(data_shape, width).items():
         input_shape = tuple(keras_net.inputs[0].shape[1:])
-        spec = ("noise", input_shape[0]) if len(input_shape) == 1 else ("image", entry.hparams.PIXEL_RANGE)
-        found.append((name, lambda name=name: torch_script.build_networks((channels, height, side), width)[name],
-                      lambda name=name: keras_script.build_networks(image_shape_hwc, width)[name], spec))
+        spec = (("data", getattr(entry.hparams, "PIXEL_RANGE", None)) if input_shape == tuple(data_shape)
+                else ("noise", input_shape[0]))
+        found.append((name, lambda name=name: torch_script.build_networks(torch_shape, width)[name],
+                      lambda name=name: keras_script.build_networks(data_shape, width)[name], spec))
     return found
 
 
@@ -78,12 +81,14 @@ def randomize_batch_norm(module: torch.nn.Module, rng: np.random.Generator) -> N
                 layer.bias.copy_(torch.from_numpy(rng.normal(0, 0.1, size)))
 
 
-def inputs_for(spec: tuple, images_hwc: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def inputs_for(spec: tuple, samples: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     kind, detail = spec
     if kind == "noise":
         return rng.standard_normal((BATCH, detail)).astype(np.float32)
+    if samples.ndim == 2:  # points, as the models take them
+        return samples.astype(np.float32)
     low, high = detail
-    return (images_hwc * (high - low) + low).astype(np.float32)  # images_hwc is in [0, 1]
+    return (samples * (high - low) + low).astype(np.float32)  # images in [0, 1], to the model's range
 
 
 def run_torch(module, x: np.ndarray, amp: bool) -> list[np.ndarray]:
@@ -108,14 +113,14 @@ def compare(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[float, float]:
     return worst_abs, worst_abs / max(scale, 1e-12)
 
 
-def parity_rows(model: str, image_shape_hwc: tuple, images_hwc: np.ndarray,
+def parity_rows(model: str, data_shape: tuple, samples: np.ndarray,
                 precisions=("fp32", "amp-bf16"), seed: int = 0) -> list[dict]:
     rows = []
     try:
         for precision in precisions:
             amp = precision != "fp32"
             keras.mixed_precision.set_global_policy("mixed_bfloat16" if amp else "float32")
-            for name, make_torch, make_keras, spec in networks(model, image_shape_hwc):
+            for name, make_torch, make_keras, spec in networks(model, data_shape):
                 for direction in ("pytorch->keras", "keras->pytorch"):
                     rng = np.random.default_rng(seed)
                     torch.manual_seed(seed)
@@ -123,21 +128,26 @@ def parity_rows(model: str, image_shape_hwc: tuple, images_hwc: np.ndarray,
                     torch_net, keras_net = make_torch(), make_keras()
                     if direction == "pytorch->keras":
                         randomize_batch_norm(torch_net, rng)
-                        torch_to_keras(torch_net, keras_net, image_shape_hwc)
+                        torch_to_keras(torch_net, keras_net, data_shape)
                     else:
                         source = make_torch()  # other random weights, then carried through Keras
                         randomize_batch_norm(source, rng)
-                        torch_to_keras(source, keras_net, image_shape_hwc)
+                        torch_to_keras(source, keras_net, data_shape)
                         torch.manual_seed(seed + 1)
                         torch_net = make_torch()  # fresh weights, overwritten by the port
-                        keras_to_torch(keras_net, torch_net, image_shape_hwc)
-                    x = inputs_for(spec, images_hwc, rng)
+                        keras_to_torch(keras_net, torch_net, data_shape)
+                    x = inputs_for(spec, samples, rng)
                     worst_abs, worst_rel = compare(run_torch(torch_net, x, amp), run_keras(keras_net, x))
                     rows.append({"model": model, "network": name, "direction": direction,
                                  "precision": precision, "max_abs": worst_abs, "max_rel": worst_rel})
     finally:
         keras.mixed_precision.set_global_policy("float32")
     return rows
+
+
+def ring_points() -> np.ndarray:
+    """The first points of ring8's test split, float32 (N, 2)."""
+    return datasets.load_dataset("ring8", split="test", limit=BATCH).x
 
 
 def mnist_images(image_size: int | None, channels: int) -> np.ndarray:
@@ -152,13 +162,23 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=(*models.NAMES, "all"), default="all")
     parser.add_argument("--image-size", type=int, choices=sorted(dcgan_hparams.GEOMETRY), default=28)
     parser.add_argument("--channels", type=int, choices=(1, 3), default=1)
+    parser.add_argument("--points", action="store_true",
+                        help="the networks for 2-D points (ring8's), instead of images")
     args = parser.parse_args(argv)
-    images = mnist_images(args.image_size if args.image_size != 28 else None, args.channels)
-    shape = images.shape[1:]
-    rows = [row for model in (models.MODELS if args.model == "all" else (models.get(args.model).key,))
-            for row in parity_rows(model, shape, images)]
-    print(f"images {shape[0]}x{shape[1]}x{shape[2]}, batch {BATCH}; "
-          f"float32 target: max abs difference <= {FLOAT32_TARGET:g}")
+    chosen = list(models.MODELS.values()) if args.model == "all" else [models.get(args.model)]
+    if args.points:
+        if args.model != "all" and chosen[0].images_only:
+            raise UsageError(f"--points: {chosen[0].key} has no networks for points ({chosen[0].images_only})")
+        if args.image_size != 28 or args.channels != 1:
+            raise UsageError("--points takes no --image-size or --channels: the points are 2-D")
+        samples = ring_points()
+        chosen = [model for model in chosen if not model.images_only]
+        described = "2-D points (ring8)"
+    else:
+        samples = mnist_images(args.image_size if args.image_size != 28 else None, args.channels)
+        described = "images {}x{}x{}".format(*samples.shape[1:])
+    rows = [row for model in chosen for row in parity_rows(model.key, samples.shape[1:], samples)]
+    print(f"{described}, batch {BATCH}; float32 target: max abs difference <= {FLOAT32_TARGET:g}")
     print("| model | network | direction | precision | max abs diff | max rel diff |")
     print("|---|---|---|---|---|---|")
     for row in rows:

@@ -8,14 +8,18 @@ from common import models
 from scripts import parity
 
 SHAPES = [(28, 28, 1), (32, 32, 3)]  # 3 channels exercises the (C,H,W) <-> (H,W,C) reorder
+POINTS = (2,)
+# every model on both image shapes, and the MLPs of the models that take the 2-D mixtures
+CASES = [(model, shape) for model in models.MODELS for shape in SHAPES] + [
+    (model, POINTS) for model, entry in models.MODELS.items() if not entry.images_only]
+CASE_IDS = [f"{model}-{'x'.join(map(str, shape)) if shape != POINTS else 'points'}" for model, shape in CASES]
 
 
 def state(module):
     return {k: v.clone() for k, v in module.state_dict().items() if v.dtype.is_floating_point}
 
 
-@pytest.mark.parametrize("model", models.MODELS)
-@pytest.mark.parametrize("shape", SHAPES, ids=["28x28x1", "32x32x3"])
+@pytest.mark.parametrize(("model", "shape"), CASES, ids=CASE_IDS)
 def test_porting_round_trips_exactly(model, shape):
     rng = np.random.default_rng(0)
     for name, make_torch, make_keras, _ in parity.networks(model, shape):
@@ -38,11 +42,11 @@ def test_porting_round_trips_exactly(model, shape):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("model", models.MODELS)
-@pytest.mark.parametrize("shape", SHAPES, ids=["28x28x1", "32x32x3"])
+@pytest.mark.parametrize(("model", "shape"), CASES, ids=CASE_IDS)
 def test_twins_compute_the_same_function_in_float32(model, shape):
-    images = np.random.default_rng(1).uniform(0, 1, (parity.BATCH, *shape)).astype(np.float32)
-    rows = parity.parity_rows(model, shape, images, precisions=("fp32",))
+    samples = (parity.ring_points() if shape == POINTS else
+               np.random.default_rng(1).uniform(0, 1, (parity.BATCH, *shape)).astype(np.float32))
+    rows = parity.parity_rows(model, shape, samples, precisions=("fp32",))
     assert {(r["network"], r["direction"]) for r in rows} == {
         (name, direction) for name, *_ in parity.networks(model, shape)
         for direction in ("pytorch->keras", "keras->pytorch")}
@@ -84,6 +88,33 @@ def test_parity_script_prints_every_row_and_passes(capsys):
     assert parity.main(["--model", "dcgan"]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| dcgan")]
     assert len(table) == 2 * 2 * 2  # networks x directions x precisions
+
+
+def test_parity_script_ports_the_point_networks_of_the_models_that_take_points(capsys, monkeypatch):
+    fed = []
+    run_keras = parity.run_keras
+    monkeypatch.setattr(parity, "run_keras", lambda model, x: fed.append(x) or run_keras(model, x))
+    assert parity.main(["--points"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2-D points (ring8), batch 64")
+    rows = [line.split(" | ")[0].strip("| ") for line in out.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    takes_points = [model for model, entry in models.MODELS.items() if not entry.images_only]
+    assert rows[1:] == [model for model in takes_points for _ in range(2 * 2 * 2)], rows
+    # the discriminators are fed ring8's points as they are, G its noise
+    assert any(x.shape == (parity.BATCH, 2) and np.array_equal(x, parity.ring_points()) for x in fed)
+    assert any(x.shape == (parity.BATCH, 100) for x in fed)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--points", "--model", "dcgan"], "--points: dcgan has no networks for points (DCGAN is convolutional)"),
+    (["--points", "--channels", "3"], "--points takes no --image-size or --channels"),
+])
+def test_parity_script_refuses_points_it_cannot_port_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parity.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 RGB = (8, 8, 3)  # several channels: the importer reorders the image-sized Dense axes
