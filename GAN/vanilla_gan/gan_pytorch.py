@@ -39,7 +39,8 @@ def hidden_layers(units_in: int, widths: list[int]) -> list[nn.Module]:
 
 
 class Generator(nn.Module):
-    """z -> 256 -> 512 -> 1024 (LeakyReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
+    """z -> 256 -> 512 -> 1024 (LeakyReLU; at the default --width) -> data: tanh for images in
+    [-1, 1], linear for 2-D points."""
 
     def __init__(self, data_shape: tuple, width: int):
         super().__init__()
@@ -69,7 +70,7 @@ class PackSamples(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32. On 2-D points it judges
+    """data -> 512 -> 256 (LeakyReLU; at the default --width) -> one logit, computed in float32. On 2-D points it judges
     hparams.POINT_PACK samples together (one logit each pack), which keeps G from collapsing."""
 
     def __init__(self, data_shape: tuple, width: int):

@@ -38,7 +38,8 @@ def hidden_layers(widths: list[int]) -> list[layers.Layer]:
 
 
 def make_generator(data_shape: tuple, width: int) -> keras.Model:
-    """z -> 256 -> 512 -> 1024 (LeakyReLU) -> data: tanh for images in [-1, 1], linear for 2-D points."""
+    """z -> 256 -> 512 -> 1024 (LeakyReLU; at the default --width) -> data: tanh for images in
+    [-1, 1], linear for 2-D points."""
     squash = len(data_shape) == 3  # (H, W, C) images
     return keras.Sequential([
         keras.Input((hparams.Z_DIM,)),
@@ -68,7 +69,7 @@ class PackSamples(layers.Layer):
 
 
 def make_discriminator(data_shape: tuple, width: int) -> keras.Model:
-    """data -> 512 -> 256 (LeakyReLU) -> one logit, computed in float32. On 2-D points it judges
+    """data -> 512 -> 256 (LeakyReLU; at the default --width) -> one logit, computed in float32. On 2-D points it judges
     hparams.POINT_PACK samples together (one logit each pack), which keeps G from collapsing."""
     return keras.Sequential([
         keras.Input(data_shape),

@@ -34,8 +34,9 @@ DEFAULTS = dict(
     log_every=100,
     checkpoint_every=5000,
     # Sample and evaluate from the average of G's weights (training is unchanged): on MNIST it
-    # took FID from 37.2 to 22.5 (PyTorch) and 24.4 to 18.9 (TensorFlow) at 20,000 iterations,
-    # from 59.0 to 41.7 and 64.8 to 37.2 at 12,000 (make demo's budget; README).
+    # took PyTorch's FID from 37.2 to 22.5 at 20,000 iterations and from 59.0 to 41.7 at 12,000
+    # (make demo's budget); TensorFlow scores 21.9 from the average at 20,000 (README; its
+    # pairs in "what moved the FID" were measured with Keras' own Adam, before 12aaa7a).
     ema_decay=0.999,
 )
 

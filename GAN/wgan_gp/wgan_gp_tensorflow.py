@@ -21,7 +21,9 @@ LossScaleOptimizer (`scale_loss`), the gradients are cast to float32 and divided
 current `dynamic_scale`, the penalty is computed from them; the outer tape records all of it,
 and the critic's loss is scaled again and applied through the LossScaleOptimizer, which
 unscales, skips the step on inf/NaN and adjusts the scale. Under bfloat16 and float32 the
-optimizers are plain ones: nothing is scaled.
+optimizers are plain ones: nothing is scaled. Each optimizer has a scale of its own: the
+critic's counts 5 updates an iteration towards --growth-interval, G's 1 (the PyTorch twin's
+one GradScaler counts 6), and the history's loss_scale is the smaller of the two.
 The training step, with its GradientTape, scale_loss and apply_gradients calls, is
 WGANGP.train_step below. The PyTorch twin is wgan_gp_pytorch.py; the hyperparameters of both
 are in hparams.py.

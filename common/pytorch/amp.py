@@ -47,9 +47,9 @@ class FullPrecision(nn.Module):
 
 
 def scale_on_device(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tensor | None:
-    """A copy of the current loss scale as a device tensor, or None when the scaler is off.
-    `scaler.get_scale()` returns a Python float, which would make the host wait for the
-    device at every step."""
+    """A copy of the current loss scale as a device tensor, or None when the scaler is off:
+    the documented `scaler.get_scale()` as a tensor. get_scale() returns a Python float, which
+    would make the host wait for the device at every step."""
     if not scaler.is_enabled():
         return None
     if scaler._scale is None:  # the scaler creates its scale tensor at its first scale() call
