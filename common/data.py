@@ -647,26 +647,73 @@ def _latin1_encode(text: str, encoding: str) -> bytes:
 
 class _ArraysOnlyUnpickler(pickle.Unpickler):
     """A pickle names the functions it calls while loading; this unpickler resolves only the
-    ones numpy needs to rebuild plain arrays, so a hostile file cannot run code."""
+    ones numpy needs to rebuild plain arrays, so a hostile file cannot run code. Nor can it
+    allocate more than the file holds: a pickle may call numpy.ndarray((300000, 3072), ...)
+    itself (0.9 GB from 600 kB) or reuse one stored string many times, so every array and
+    byte string made while loading is charged to a budget of twice the file's size (a real
+    array's bytes are in the file once, and rebuilt from them once)."""
 
-    ALLOWED = {
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("_codecs", "encode"): _latin1_encode,
-    }
     # numpy renamed numpy.core to numpy._core in 2.0; old pickles (the real CIFAR files) use the old name.
     NUMPY_HELPERS = {("multiarray", "_reconstruct"), ("multiarray", "scalar"), ("numeric", "_frombuffer")}
 
     def __init__(self, file, path: Path) -> None:
         super().__init__(file, encoding="latin1")  # the batches were pickled by Python 2
         self.path = path
+        self.budget = 2 * os.fstat(file.fileno()).st_size + 65536
+        unpickler = self
+
+        class CheckedArray(np.ndarray):
+            """numpy.ndarray as the pickle sees it: charged before it allocates."""
+
+            def __new__(cls, shape, dtype=float, *args, **kwargs):
+                unpickler.charge(shape, dtype)
+                return super().__new__(cls, shape, dtype, *args, **kwargs)
+
+            def __setstate__(self, state):  # (version, shape, dtype, is_fortran, raw data)
+                if isinstance(state, tuple) and len(state) == 5:
+                    unpickler.charge(state[1], state[2])
+                return super().__setstate__(state)
+
+        def reconstruct(subtype, shape, dtype):
+            unpickler.charge(shape, dtype)
+            return np_reconstruct(subtype, shape, dtype)
+
+        def scalar(dtype, *args):
+            unpickler.charge(1, dtype)
+            return np_scalar(dtype, *args)
+
+        def latin1_encode(text: str, encoding: str) -> bytes:
+            unpickler.charge(len(text), np.uint8)
+            return _latin1_encode(text, encoding)
+
+        np_reconstruct = np.zeros(0).__reduce__()[0]  # the function numpy's own pickles call
+        np_scalar = np.float32(0).__reduce__()[0]
+        self.allowed = {
+            ("numpy", "ndarray"): CheckedArray,
+            ("numpy", "dtype"): np.dtype,
+            ("_codecs", "encode"): latin1_encode,
+            ("multiarray", "_reconstruct"): reconstruct,
+            ("multiarray", "scalar"): scalar,
+        }
+
+    def charge(self, shape, dtype) -> None:
+        """Take an allocation's bytes from the budget, or refuse the file."""
+        try:
+            count = math.prod(shape) if isinstance(shape, (tuple, list)) else int(shape)
+            size = int(count) * np.dtype(dtype).itemsize
+        except (TypeError, ValueError, OverflowError) as error:
+            raise pickle.UnpicklingError(f"an array of shape {shape!r} and dtype {dtype!r} ({error})") from None
+        self.budget -= max(size, 0)
+        if size < 0 or self.budget < 0:
+            raise DataError(f"{self.path}: the pickle asks for more memory than its file holds (an array of "
+                            f"{size:,} bytes); it is no CIFAR-10 batch: download {CIFAR10_URL} again")
 
     def find_class(self, module: str, name: str):
-        if (module, name) in self.ALLOWED:
-            return self.ALLOWED[module, name]
+        if (module, name) in self.allowed:
+            return self.allowed[module, name]
         package, _, submodule = module.rpartition(".")
         if package in ("numpy.core", "numpy._core") and (submodule, name) in self.NUMPY_HELPERS:
-            return super().find_class(module, name)
+            return self.allowed.get((submodule, name)) or super().find_class(module, name)
         raise DataError(
             f"{self.path}: the safe unpickler refuses to load {module}.{name}: CIFAR-10 batches hold only "
             f"arrays, lists and dicts; delete the file and download {CIFAR10_URL} again"
@@ -692,6 +739,8 @@ def read_cifar10_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]
     if not isinstance(batch, dict) or "data" not in batch or "labels" not in batch:
         raise DataError(f"{path} is not a CIFAR-10 batch (expected a dict with 'data' and 'labels'); {redownload}")
     data, labels = batch["data"], batch["labels"]
+    if isinstance(data, np.ndarray):
+        data = data.view(np.ndarray)  # the unpickler's checked subclass, as a plain array
     if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072):
         found = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise DataError(f"{path}: 'data' is {found}, expected uint8 (N, 3072); {redownload}")

@@ -495,6 +495,40 @@ def test_cifar10_refuses_hostile_pickle(tmp_path, protocol, payload, refused):
     assert marker.is_dir()
 
 
+_RECONSTRUCT = np.zeros(0).__reduce__()[0]  # what numpy's own pickles call to rebuild an array
+_BIG = (100_000, 3072)  # 307 MB of uint8 asked for by a file of kilobytes
+_OVERSIZED = {
+    # numpy.ndarray called by the pickle itself: an uninitialised array of any shape
+    "ndarray": lambda: _RunOnLoad(np.ndarray, _BIG, np.dtype(np.uint8)),
+    # numpy's own rebuild function, asked for the big array rather than an empty one
+    "_reconstruct": lambda: _RunOnLoad(_RECONSTRUCT, np.ndarray, _BIG, b"B"),
+    # one stored string encoded 3,000 times (the pickle memoizes it: 100 kB in the file each time)
+    "a string reused": lambda: [_RunOnLoad(__import__("_codecs").encode, text, "latin1")
+                                for text in ["x" * 100_000] * 3000],
+}
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+@pytest.mark.parametrize("payload", _OVERSIZED)
+def test_cifar10_refuses_a_pickle_that_asks_for_more_memory_than_its_file_holds(tmp_path, protocol, payload):
+    """Refused before the memory is taken: a 600 kB batch asking numpy.ndarray for 0.9 GB was
+    a 0.9 GB allocation (a review found it), and five of them many GB."""
+    import tracemalloc
+
+    batch = cifar_batch(2, seed=0)
+    batch["data"] = _OVERSIZED[payload]()
+    path = write_pickle(tmp_path / "data_batch_1", batch, protocol)
+    assert path.stat().st_size < 1_000_000
+    tracemalloc.start()
+    try:
+        with data_error("data_batch_1", "asks for more memory than its file holds", "download"):
+            read_cifar10_batch(path)
+        peak = tracemalloc.get_traced_memory()[1]  # numpy's buffers are traced too
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000, f"{peak:,} bytes taken before the refusal"
+
+
 def test_cifar10_refuses_codecs_other_than_latin1(tmp_path):
     batch = cifar_batch(1, seed=0)
     batch["batch_label"] = _RunOnLoad(__import__("_codecs").encode, "text", "rot13")

@@ -1,8 +1,9 @@
 """From the same weights, batch and noise, the PyTorch and TensorFlow twins take the same
 training step: every model's losses, weights and averaged weights agree in float32, and so do
-the next step's losses, on MNIST and, for the models that take them, on the 2-D mixtures. (tests/test_porting.py checks the networks' forward passes; this checks the
-losses, the backward passes (the gradients, in Adam's first moments), the optimizers and the
-weight averages too.)"""
+the next step's losses, on MNIST and, for the models that take them, on the 2-D mixtures.
+(tests/test_porting.py checks the networks' forward passes; this checks the losses, the
+backward passes (the gradients, in Adam's first moments), the optimizers and the weight
+averages too.)"""
 import copy
 
 import numpy as np
