@@ -428,7 +428,11 @@ class RunFolder:
         # it waits until the checkpoint, history and noise have been read (write_resumed_config): a
         # resume refused for one of them would have left the command's flags (its --iters) on a
         # run that never ran them.
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except FileNotFoundError as error:  # a folder no file can go in (/proc/x): no path to create
+            raise UsageError(f"cannot make the run folder {self.path} ({error.strerror}); choose another --out") \
+                from None
         self.lock()
         if cfg.resume:
             self.resumed_config = config

@@ -828,3 +828,16 @@ def test_summarize_runs_shows_a_stopped_run_whose_config_lacks_its_iters(tmp_pat
     assert summarize_runs.main([str(tmp_path / "runs")]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "vanilla_gan tensorflow" in line]
     assert "| mnist | fp32 | cpu | 2 | 1.00 |" in row, row
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_an_out_where_no_folder_can_be_made_is_one_line(framework, capsys):
+    """/proc takes no new folders: mkdir's "No such file or directory" was a traceback (a
+    fresh-user review found it)."""
+    from common import models
+
+    script = models.get("vanilla_gan").module(framework)
+    err = one_line_exit(capsys, lambda: script.main([*TINY, "--out", "/proc/no-run-here"]), code=2)
+    assert err == ("error: cannot make the run folder /proc/no-run-here (No such file or directory); "
+                   "choose another --out")
