@@ -435,6 +435,15 @@ PT_EDITS = {
         "extra.weight", s["modules"]["generator"].popitem()[1]), "modules/generator has no "),
     "a weight misshapen": (lambda s: s["modules"]["generator"].__setitem__(
         next(iter(s["modules"]["generator"])), torch.zeros(2, 2)), "is (2, 2), expected a tensor of shape ("),
+    # load_state_dict took the real part (with a two-line warning) and 0/1 weights, and named no
+    # reason for a sparse or a meta tensor (a fresh-user review found them; the Keras twin refuses)
+    **{f"a weight {kind}": (lambda s, change=change: s["modules"]["generator"].update(
+        {key: change(value) for key, value in list(s["modules"]["generator"].items())[:1]}), message)
+       for kind, change, message in [
+           ("complex", lambda t: t.to(torch.complex64), "weight is complex64 ("),
+           ("bool", lambda t: t.bool(), "weight is bool ("),
+           ("sparse", lambda t: t.to_sparse(), "weight is a sparse_coo tensor, expected a tensor of shape"),
+           ("without data", lambda t: torch.empty(t.shape, device="meta"), "weight is a tensor without data")]},
     "scale a string": (lambda s: s["scaler"].__setitem__("scale", "big"), "scaler/scale"),
     "ema updates negative": (lambda s: s["averages"]["generator"].__setitem__("updates", -3), "updates"),
     # a count that is not whole: int() made it another silently (mutation round 8: check_like

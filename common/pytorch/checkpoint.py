@@ -220,10 +220,26 @@ def check_like(saved, live, where: str) -> None:
             check_like(saved[key], live[key], f"{where}/{key}")
     elif torch.is_tensor(live):
         fits = torch.is_tensor(saved) and saved.shape == live.shape
+        if fits and (problem := tensor_problem(saved, live)):
+            raise ValueError(f"{where} is {problem}, expected {kind_of(live)}")
     else:
         fits = True
     if not fits:
         raise ValueError(f"{where} is {shown(saved)}, expected {kind_of(live)}")
+
+
+def tensor_problem(saved: torch.Tensor, live: torch.Tensor) -> str | None:
+    """Why a tensor of the right shape still cannot take `live`'s place, as the Keras twin's
+    restore refuses it: load_state_dict copies a complex tensor's real part (with a warning)
+    and a bool one as 0/1, and fails on a sparse or a data-less (meta) one with an error whose
+    one shown line names no reason."""
+    if saved.layout != torch.strided:
+        return f"a {str(saved.layout).removeprefix('torch.')} tensor"
+    if saved.is_meta:
+        return "a tensor without data (on the meta device)"
+    whole_numbers = not (saved.is_floating_point() or saved.is_complex() or saved.dtype == torch.bool)
+    fits = (saved.is_floating_point() or whole_numbers) if live.is_floating_point() else whole_numbers
+    return None if fits else f"{str(saved.dtype).removeprefix('torch.')} {tuple(saved.shape)}"
 
 
 def shown(value) -> str:
@@ -244,7 +260,8 @@ def kind_of(live) -> str:
     if isinstance(live, float):
         return f"a finite number, 0 or more, like {live!r}"
     if torch.is_tensor(live):
-        return f"a tensor of shape {tuple(live.shape)}"
+        kind = "" if live.is_floating_point() else "whole-number "
+        return f"a {kind}tensor of shape {tuple(live.shape)}"
     if isinstance(live, (list, tuple)):
         return f"a list of {len(live)}"
     if live is None:
