@@ -25,9 +25,9 @@ under float16), table.md / table.json (median step time, samples/s, peak memory,
 steps, final losses, and quality metrics once a run has them) and report.md with all of it;
 --report names another folder, refused if it holds files of these names that compare.py did
 not write.
-Each run also wrote TensorBoard events into its folder: `tensorboard --logdir <runs>/<model>`
-overlays them (the last line printed says so, naming the tensorboard beside this Python, as
-.venv/bin/tensorboard, when none is on the PATH).
+Each run also wrote TensorBoard events into its folder (unless --no-tensorboard): `tensorboard
+--logdir <runs>/<model>` overlays them (the last line printed says so, naming the tensorboard
+beside this Python, as .venv/bin/tensorboard, when none is on the PATH, or that no run wrote any).
 """
 from __future__ import annotations
 
@@ -250,7 +250,12 @@ def main(argv=None) -> int:
     written = report.write_report(sides, folder, title, command)
     print(report.markdown_table(written["rows"]))
     print(f"compare: report in {folder} ({', '.join(report.REPORT_FILES)})")
-    print(f"compare: both runs in TensorBoard, over the model's other runs: {tensorboard_command(runs / args.model)}")
+    with_events = [plan.label for plan in plans if any(plan.folder.glob("events.out.tfevents.*"))]
+    if not with_events:
+        print("compare: neither run wrote TensorBoard events (they trained with --no-tensorboard)")
+    else:
+        shown = "both runs" if len(with_events) == len(plans) else f"the {with_events[0]} run (the other wrote none)"
+        print(f"compare: {shown} in TensorBoard, over the model's other runs: {tensorboard_command(runs / args.model)}")
     return 0
 
 

@@ -347,6 +347,23 @@ def test_compare_reuses_sound_fake_runs(tmp_path):
     assert compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]) == 0
 
 
+def test_compare_points_to_tensorboard_only_for_runs_that_wrote_events(tmp_path, capsys):
+    """Runs trained with --no-tensorboard (TINY's) have no events to show: the last line sent
+    the user to an empty TensorBoard (a fresh-user review found it)."""
+    from scripts import compare
+
+    folders = fake_compare_runs(tmp_path / "runs")
+    argv = ["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]
+    last_line = lambda: (compare.main(argv), capsys.readouterr().out.splitlines()[-1])[1]
+    assert last_line() == "compare: neither run wrote TensorBoard events (they trained with --no-tensorboard)"
+    (folders["tensorflow"] / "events.out.tfevents.1.host").write_bytes(b"")
+    assert last_line().startswith("compare: the tensorflow fp32 run (the other wrote none) in TensorBoard, "
+                                  "over the model's other runs: ")
+    (folders["pytorch"] / "events.out.tfevents.1.host").write_bytes(b"")
+    assert last_line().startswith("compare: both runs in TensorBoard, over the model's other runs: ")
+    assert last_line().endswith(f"--logdir {tmp_path / 'runs' / 'vanilla_gan'}")
+
+
 def test_compare_writes_its_report_for_runs_under_a_folder_name_with_an_undecodable_byte(tmp_path):
     """The report names the runs' folders: report.md's str.encode() raised UnicodeEncodeError
     on the lone surrogate Python reads the byte as, after both runs were done."""
