@@ -144,6 +144,8 @@ def evaluate(cfg, trainer, log=print, keep=None) -> dict:
             results["bound_images"] = len(test)
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
     shown = ", ".join(f"{k} {figure(v)}" for k, v in results.items() if k != "samples")
+    if shown and hasattr(trainer, "decode_logits") and cfg.dataset == "folder":
+        shown += " (bounds on training images: a folder has no test split)"
     if shown:  # none where no sample metric applies (said above)
         log(f"evaluation ({count} samples): {shown}")
     if cfg.eval_draws > 1 and first:

@@ -683,17 +683,21 @@ def test_vae_bounds_score_a_random_draw_of_all_test_images_and_say_when_there_ar
         return np.arange(min(count, held[cfg.dataset]), dtype=np.float32)[:, None, None, None] * np.ones((8, 8, 1))
 
     monkeypatch.setattr(evaluation.datasets, "fixed_test_images", numbered_images)
-    quiet = lambda *_: None
+    said = []
     vae = VaeOnNumberedImages()
-    results = evaluation.evaluate(config(evaluate=50, iwae_k=2), vae, log=quiet)
+    results = evaluation.evaluate(config(evaluate=50, iwae_k=2), vae, log=said.append)
     assert asked == [evaluation.MNIST_TEST_IMAGES] and "bound_images" not in results
     assert vae.encoded == evaluation.random_subset(np.arange(10_000), 50).tolist() != list(range(50))
     assert {"test_elbo", "test_iwae_k2"} <= set(results)
+    assert "training images" not in said[-1]
 
     asked.clear()
+    said.clear()
     vae = VaeOnNumberedImages()
-    results = evaluation.evaluate(config(dataset="folder", evaluate=50, iwae_k=2), vae, log=quiet)
+    results = evaluation.evaluate(config(dataset="folder", evaluate=50, iwae_k=2), vae, log=said.append)
     assert asked == [50] and results["bound_images"] == 30 and vae.encoded == list(range(30))
+    # and the line says so: "test_elbo" alone read as a test set's (a fresh-user review)
+    assert said[-1].endswith("(bounds on training images: a folder has no test split)"), said
 
 
 def test_samples_holding_a_nan_are_not_measured():
