@@ -125,6 +125,9 @@ def load_training_set(cfg) -> Dataset:
     """The training split the run's flags ask for (a RunConfig), with at least one batch."""
     dataset = load_dataset(cfg.dataset, cfg.data_dir, split="train", limit=cfg.data_limit,
                            image_size=cfg.image_size, seed=cfg.seed)
+    where = f" in {cfg.data_dir}" if cfg.data_dir else ""
+    if len(dataset.x) == 0:  # no --batch-size would do
+        raise DataError(f"{cfg.dataset}{where} holds no training examples")
     if len(dataset.x) < cfg.batch_size:
         raise DataError(f"{cfg.dataset} has {len(dataset.x)} examples, fewer than "
                         f"--batch-size {cfg.batch_size}; lower --batch-size")
@@ -407,6 +410,9 @@ def _read_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np
 
 
 def _check_counts(images_source: Path, num_images: int, labels_source: Path, num_labels: int) -> None:
+    if num_images != num_labels and images_source == labels_source:  # an npz's two arrays
+        raise DataError(f"{images_source} holds {num_images} images but {num_labels} labels; "
+                        "the file is damaged or was written wrong")
     if num_images != num_labels:
         raise DataError(
             f"{images_source} holds {num_images} images but {labels_source} holds {num_labels} labels; "

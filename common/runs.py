@@ -331,8 +331,9 @@ class Checkpoints(Protocol):
 def setting_changes(saved: dict, config: dict) -> str:
     """The settings --resume keeps that `config` (a command's) changes from `saved` (a run's),
     as "key: old -> new, ..."; empty when there are none."""
-    return ", ".join(f"{key}: {saved.get(key)!r} -> {config.get(key)!r}" for key in (*RESUME_KEYS, "precision")
-                     if saved.get(key) != config.get(key))
+    shown = lambda value: "unset" if value is None else repr(value)
+    return ", ".join(f"{key}: {shown(saved.get(key))} -> {shown(config.get(key))}"
+                     for key in (*RESUME_KEYS, "precision") if saved.get(key) != config.get(key))
 
 
 def settings_as_today(saved: dict) -> dict:

@@ -32,7 +32,10 @@ def noise_file_shape(path: Path) -> tuple:
             shape, dtype, declared, held = npy_claims(file, path.stat().st_size)
     except (OSError, ValueError) as error:
         raise UserError(f"{path} is unreadable ({error}); delete it to draw it again") from None
-    if dtype != np.float32 or len(shape) != 2 or declared != held:
+    if dtype != np.float32 or len(shape) != 2:
+        raise UserError(f"{path} holds {dtype}{shape}, not the float32 rows a run writes; delete it to draw "
+                        "it again")
+    if declared != held:
         raise UserError(f"{path} holds {held:,} bytes but its header claims {dtype}{shape}: not the "
                         "float32 rows a run writes; delete it to draw it again")
     return shape

@@ -399,9 +399,12 @@ def test_images_of_no_pixels_are_refused(tmp_path, source):
         (_write_npz_compressed_with_bzip2, "x_test is compressed with zip method 12, not stored or deflated"),
         (_write_npz_encrypted, "is encrypted, password required"),
         (_write_npz_of_a_later_zip_version, "zip file version 15.6"),
+        # one file: it named itself twice, "the two files must come from the same split"
+        (lambda path: np.savez(path, x_test=np.zeros((3, 28, 28), np.uint8), y_test=np.zeros(2, np.uint8)),
+         "mnist.npz holds 3 images but 2 labels; the file is damaged or was written wrong"),
     ],
     ids=["not-zip", "claims-petabytes", "truncated", "index-lies", "missing-keys", "object-array", "float-images",
-         "float-labels", "bzip2-bomb", "encrypted", "later-zip-version"],
+         "float-labels", "bzip2-bomb", "encrypted", "later-zip-version", "counts-differ"],
 )
 def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
     write(tmp_path / "mnist.npz")

@@ -303,6 +303,9 @@ def test_a_damaged_fixed_noise_file_or_a_failed_last_grid_costs_no_training(fram
     (run / "fixed_noise.npy").write_bytes(noise[:-4])  # truncated
     refused(capsys, "fixed_noise.npy holds 25,596 bytes but its header claims float32(64, 100)", run,
             "--resume", "--iters", "4", framework=framework)
+    np.save(run / "fixed_noise.npy", np.zeros((3, 3)))  # sound, of another dtype: its size was not the matter
+    refused(capsys, "fixed_noise.npy holds float64(3, 3), not the float32 rows a run writes", run,
+            "--resume", "--iters", "4", framework=framework)
     assert [path.name for path in (run / "checkpoints").iterdir()] == [f"step_000002.{SUFFIX[framework]}"]
 
     (run / "fixed_noise.npy").write_bytes(noise)
@@ -1128,3 +1131,13 @@ def test_a_fixed_noise_file_of_the_right_rows_but_another_width_is_refused(tmp_p
     with pytest.raises(sampling.UserError, match=r"holds float32\(64, 50\), expected float32\(64, 100\)"):
         sampling.check_fixed_noise(tmp_path, 64, 100)
     sampling.check_fixed_noise(tmp_path, 64, 50)
+
+
+def test_a_setting_a_resume_leaves_out_is_shown_as_unset_not_as_pythons_none():
+    """--resume without the run's --data-dir said "(data_dir: '/data' -> None)" (a fresh-user
+    review): None is Python's word for it."""
+    from common.runs import setting_changes
+
+    assert setting_changes({"data_dir": "/data", "width": 8}, {"data_dir": None, "width": 8}) == \
+        "data_dir: '/data' -> unset"
+    assert setting_changes({"data_dir": None}, {"data_dir": "/data"}) == "data_dir: unset -> '/data'"

@@ -31,6 +31,7 @@ def expect_exit(code, message, capsys, framework, out, *extra):
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == code
     assert err.startswith("error: ") and message in err and "\n" not in err, err
+    return err
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
@@ -1001,6 +1002,20 @@ def test_a_dataset_smaller_than_a_batch_is_one_clear_error(tmp_path, capsys):
     write_png_folder(tmp_path / "images", 3)
     expect_exit(1, "fewer than --batch-size 32", capsys, "pytorch", tmp_path / "run",
                 "--dataset", "folder", "--data-dir", str(tmp_path / "images"))
+
+
+def test_a_dataset_of_no_examples_is_not_told_to_lower_the_batch_size(tmp_path, capsys, monkeypatch):
+    """An empty training split was "0 examples, fewer than --batch-size 1; lower --batch-size"
+    (a fresh-user review); an IDX pair of 0 images reaches it."""
+    from tests.test_data import idx_bytes
+
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "train-images-idx3-ubyte").write_bytes(idx_bytes(np.zeros((0, 28, 28), np.uint8)))
+    (folder / "train-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(0, np.uint8)))
+    err = expect_exit(1, f"error: mnist in {folder} holds no training examples", capsys, "pytorch",
+                      tmp_path / "run", "--data-dir", str(folder), "--batch-size", "1")
+    assert "--batch-size" not in err
 
 
 def test_a_dataset_of_exactly_one_batch_trains_a_batch_an_epoch(tmp_path, capsys):
