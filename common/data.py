@@ -675,9 +675,9 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
                 unpickler.charge(shape, dtype)
                 return super().__new__(cls, shape, dtype, *args, **kwargs)
 
-            def __setstate__(self, state):  # (version, shape, dtype, is_fortran, raw data)
-                if isinstance(state, tuple) and len(state) == 5:
-                    unpickler.charge(state[1], state[2])
+            def __setstate__(self, state):  # ([version,] shape, dtype, is_fortran, raw data)
+                if isinstance(state, tuple) and len(state) in (4, 5):
+                    unpickler.charge(state[-4], state[-3])
                 return super().__setstate__(state)
 
         def reconstruct(subtype, shape, dtype):
@@ -692,15 +692,12 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
             unpickler.charge(len(text), np.uint8)
             return _latin1_encode(text, encoding)
 
-        np_reconstruct = np.zeros(0).__reduce__()[0]  # the function numpy's own pickles call
+        np_reconstruct = np.zeros(0).__reduce__()[0]  # the functions numpy's own pickles call
         np_scalar = np.float32(0).__reduce__()[0]
-        self.allowed = {
-            ("numpy", "ndarray"): CheckedArray,
-            ("numpy", "dtype"): np.dtype,
-            ("_codecs", "encode"): latin1_encode,
-            ("multiarray", "_reconstruct"): reconstruct,
-            ("multiarray", "scalar"): scalar,
-        }
+        self.allowed = {("numpy", "ndarray"): CheckedArray, ("numpy", "dtype"): np.dtype,
+                        ("_codecs", "encode"): latin1_encode}
+        # _frombuffer makes a view of bytes the file holds: nothing to charge
+        self.checked_helpers = {("multiarray", "_reconstruct"): reconstruct, ("multiarray", "scalar"): scalar}
 
     def charge(self, shape, dtype) -> None:
         """Take an allocation's bytes from the budget, or refuse the file."""
@@ -719,7 +716,7 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
             return self.allowed[module, name]
         package, _, submodule = module.rpartition(".")
         if package in ("numpy.core", "numpy._core") and (submodule, name) in self.NUMPY_HELPERS:
-            return self.allowed.get((submodule, name)) or super().find_class(module, name)
+            return self.checked_helpers.get((submodule, name)) or super().find_class(module, name)
         raise DataError(
             f"{self.path}: the safe unpickler refuses to load {module}.{name}: CIFAR-10 batches hold only "
             f"arrays, lists and dicts; delete the file and download {CIFAR10_URL} again"

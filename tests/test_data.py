@@ -532,6 +532,18 @@ def test_cifar10_refuses_a_pickle_that_asks_for_more_memory_than_its_file_holds(
     assert peak < 20_000_000, f"{peak:,} bytes taken before the refusal"
 
 
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_a_full_size_cifar10_batch_loads_within_the_memory_budget(tmp_path, protocol):
+    """A real batch's 10,000 rows: its bytes are charged when decoded and again when the array
+    is rebuilt, against twice the file's size. Zeros are the tightest case (protocol 2 stores
+    bytes below 128 as one byte each)."""
+    batch = cifar_batch(10_000, seed=0)
+    batch["data"][:] = 0
+    path = write_pickle(tmp_path / "data_batch_1", batch, protocol)
+    images, labels = read_cifar10_batch(path)
+    assert images.shape == (10_000, 32, 32, 3) and labels.shape == (10_000,) and not images.any()
+
+
 def test_cifar10_refuses_codecs_other_than_latin1(tmp_path):
     batch = cifar_batch(1, seed=0)
     batch["batch_label"] = _RunOnLoad(__import__("_codecs").encode, "text", "rot13")
