@@ -472,6 +472,41 @@ def test_a_killed_worker_ends_the_other_with_one_line(tmp_path):
     assert "Traceback" not in err, err[-2000:]
 
 
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def logged_step(run: Path) -> int:
+    lines = (run / "history.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads a process's thread count in /proc")
+def test_a_workers_threads_do_not_grow_with_its_steps(tmp_path):
+    """A timeout on the collectives (CommunicationOptions(timeout_seconds=600)) made TensorFlow
+    start a thread per collective op that waited the timeout out: ~11 a step, and both workers
+    aborted at ~14,000 threads after 1,500 steps of the vanilla GAN (a fresh-user review's run
+    of 3,000). Here 300 steps after the first log line would have added ~3,300."""
+    run = tmp_path / "run"
+    processes = start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), *UNTIL_STOPPED, "--width", "8",
+                              "--batch-size", "8")
+    try:
+        wait_for_training(run, processes)
+        first_step, first_count = logged_step(run), threads_of(processes[0].pid)
+        deadline = time.monotonic() + 120
+        while logged_step(run) < first_step + 300 and time.monotonic() < deadline and processes[0].poll() is None:
+            time.sleep(0.2)
+        steps, grown = logged_step(run) - first_step, threads_of(processes[0].pid) - first_count
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        finish(processes, timeout=30)
+    assert steps >= 300, steps
+    assert grown < 100, f"{grown} more threads after {steps} steps"
+
+
 # --- float16 and clipping under mirrored replicas ----------------------------------------------
 
 TINY = ["--dataset", "ring8", "--width", "8", "--data-limit", "64", "--sample-every", "0", "--no-tensorboard"]

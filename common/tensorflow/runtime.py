@@ -45,10 +45,15 @@ from common.tensorflow import amp
 
 _GPUS = tf.config.list_physical_devices("GPU")
 
-# How long a worker waits for the others at a collective before it gives up with one line.
-REPLICA_TIMEOUT_S = 600
-# ... and for them to join at the start ($AMPGEN_JOIN_TIMEOUT_S overrides): TensorFlow's own wait
-# has no end, holds the GIL (no Python timer fires) and takes SIGTERM for a pre-emption notice.
+# How long a worker waits for the others to join at the start ($AMPGEN_JOIN_TIMEOUT_S overrides):
+# TensorFlow's own wait has no end, holds the GIL (no Python timer fires) and takes SIGTERM for a
+# pre-emption notice. Its collectives get no timeout of their own (CommunicationOptions'
+# timeout_seconds): TensorFlow starts a thread per collective op that waits out the timeout, so
+# at 10 minutes each worker gained ~11 threads a step and aborted near 14,000 (std::system_error,
+# "Resource temporarily unavailable") after 1,500 steps of the vanilla GAN. A worker that dies
+# breaks its connections, and one that stops answering misses the coordination service's
+# heartbeats: either way the collectives fail and the others end with one line (10 s after a
+# SIGSTOP on the 2-core CPU).
 JOIN_TIMEOUT_S = 600
 
 # A process beside the joining worker: unless the worker closes the pipe (joined, or gone) in
@@ -315,10 +320,9 @@ def start_replicas(cfg: RunConfig, device_type: str) -> Replicas:
             devices = [device.name for device in tf.config.list_logical_devices("GPU")][:cfg.replicas]
         return Replicas(tf.distribute.MirroredStrategy(devices))
     cluster = _read_tf_config()
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=REPLICA_TIMEOUT_S)
     try:
         with _given_up_after(_join_timeout_s(), len(cluster["cluster"]["worker"])):
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
         raise UserError(f"could not join the other workers ({first_line(error)})") from None
     return Replicas(strategy, rank=cluster["task"]["index"], workers=len(cluster["cluster"]["worker"]))
