@@ -279,12 +279,18 @@ def parse_args(model: str, framework: str, argv=None) -> RunConfig:
         raise UsageError(f"{entry.images_only}; --dataset {cfg.dataset} is 2-D points: use mnist, "
                          "fashion-mnist, cifar10 or folder (the MLP GANs take the mixtures)")
     if cfg.replicas:  # now, not after N devices and their networks are built (fit checks it again)
-        # the model's parts and packs too (WGAN-GP: 64 among 8 replicas, a multiple of 40, not 5)
-        division = entry.hparams.batch_division(cfg) if hasattr(entry.hparams, "batch_division") else (1, 1)
-        distributed.check_batch(cfg.batch_size, cfg.replicas, division[0], pack=division[1])
+        check_batch_among_replicas(cfg, cfg.replicas)
     if hasattr(entry.hparams, "validate"):  # a model's own checks (WGAN-GP: the batch splits in 5)
         entry.hparams.validate(cfg)
     return cfg
+
+
+def check_batch_among_replicas(cfg: RunConfig, count: int) -> None:
+    """One UsageError line unless the run's batch divides among `count` replicas, into the
+    model's parts and packs too (WGAN-GP: 64 among 8 replicas, a multiple of 40, not 5)."""
+    hparams = models.get(cfg.model).hparams
+    division = hparams.batch_division(cfg) if hasattr(hparams, "batch_division") else (1, 1)
+    distributed.check_batch(cfg.batch_size, count, division[0], pack=division[1])
 
 
 def named_settings(parser: argparse.ArgumentParser, argv) -> set[str]:

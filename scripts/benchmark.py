@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, flags, models
-from common.config import MAX_REPLICAS, MAX_WORKERS, build_parser, parse_args
+from common.config import MAX_REPLICAS, MAX_WORKERS, build_parser, check_batch_among_replicas, parse_args
 from common.errors import Interrupted, UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.runs import RunFolder, atomic_write, refuse_inside_a_run, strict_json, text_bytes
 
@@ -142,7 +142,10 @@ def check_other_flags(configurations: list[tuple], args) -> dict[tuple, str]:
     refused = {}
     for configuration in configurations:
         try:  # an unknown flag or a bad value: the script's parser's one line, exit 2, at once
-            parse_args(*configuration[:2], script_flags(*configuration, args))
+            cfg = parse_args(*configuration[:2], script_flags(*configuration, args))
+            _, framework, *_, replicas = configuration
+            if replicas > 1 and framework == "pytorch":  # torchrun's replicas: the script checks once started
+                check_batch_among_replicas(cfg, replicas)
         except UsageError as error:
             refused[configuration] = f"{configuration_name(*configuration)} refused: {error}"
     if refused and len(refused) == len(configurations):
@@ -171,9 +174,10 @@ def measure(model: str, framework: str, precision: str, compiled: bool, workers:
                            capture_output=True, text=True, errors="backslashreplace", env=environment)
     finally:  # a failed or interrupted run too: the next benchmark may replace it
         mark_as_benchmark(folder)
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"{name} failed (exit {result.returncode}): {last.removeprefix('error: ')}")
+    if result.returncode != 0:  # the script's own line; torchrun's report of a failed child comes after it
+        lines = result.stderr.strip().splitlines() or ["no output"]
+        reason = next((line for line in reversed(lines) if line.startswith("error: ")), lines[-1])
+        raise UserError(f"{name} failed (exit {result.returncode}): {reason.removeprefix('error: ')}")
     summary = json.loads((folder / "summary.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     # the configuration's name for it (fp32-tf32 is fp32 in config.json): each row says what it measured

@@ -712,6 +712,39 @@ def test_benchmark_measures_the_others_when_a_script_refuses_one_configuration(t
     assert len(json.loads((tmp_path / "benchmark.json").read_text())["rows"]) == 3
 
 
+def test_benchmark_refuses_a_torchrun_row_whose_batch_does_not_divide_before_running_anything(
+        tmp_path, capsys, monkeypatch):
+    """PyTorch's replica rows run under torchrun, whose scripts check the batch only once started:
+    the row failed after the others were measured, under torchrun's banner line (a fresh-user
+    review). Now it is refused up front, as TensorFlow's mirrored row is."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "--precisions", "fp32", "--replicas", "3", "--batch-size", "10",
+                        "--iters", "4", "--log-every", "2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 1
+    for framework in ("pytorch", "tensorflow"):
+        assert (f"error: vanilla_gan {framework} fp32 x3 refused: --batch-size 10 does not divide among 3 replicas: "
+                "use a multiple of 3") in "\n".join(err), err
+    assert not any("torch.distributed.run" in command for command in scripts.commands)
+
+
+def test_benchmark_names_a_failed_torchrun_rows_own_error_not_torchruns_banner(tmp_path, capsys, monkeypatch):
+    from scripts import benchmark
+
+    banner = "============================================================"
+    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+        command, 1, "", f"error: data directory /nowhere does not exist\n{banner}\nRoot Cause (first observed "
+                        f"failure):\n{banner}\n"))
+    with pytest.raises(SystemExit):
+        benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32", "--replicas",
+                        "2", "--iters", "4", "--log-every", "2", "--out", str(tmp_path)])
+    assert "error: vanilla_gan pytorch fp32 x2 failed (exit 1): data directory /nowhere does not exist" in \
+        capsys.readouterr().err
+
+
 def test_benchmark_whose_configurations_all_fail_keeps_the_last_table(tmp_path, capsys, monkeypatch):
     from scripts import benchmark
 
