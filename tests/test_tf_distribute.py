@@ -571,3 +571,15 @@ def test_the_training_noise_draws_a_new_seed_each_call_from_the_run_seed():
     np.testing.assert_array_equal(Noise(3).normal((4,)).numpy(), first)  # the seed alone decides
     assert not np.array_equal(Noise(4).normal((4,)).numpy(), first)
     assert second.min() >= 0 and second.max() < 1
+
+
+def test_tf_config_without_multi_worker_is_said_in_a_note(tmp_path):
+    """A worker of a cluster started without --distribute multi-worker trained alone, into its
+    own run folder, without a word (a fresh-user review)."""
+    config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    flags = ["--iters", "2", "--width", "8", "--batch-size", "8", *FAST[:-2]]
+    noted = "note: TF_CONFIG is set, but only --distribute multi-worker reads it: this process trains alone"
+    result = train(SCRIPTS["vanilla_gan"], tmp_path / "alone", *flags, env={"TF_CONFIG": json.dumps(config)})
+    assert result.returncode == 0 and noted in result.stdout, result.stderr[-2000:]
+    result = train(SCRIPTS["vanilla_gan"], tmp_path / "plain", *flags)
+    assert result.returncode == 0 and "TF_CONFIG" not in result.stdout
