@@ -56,6 +56,19 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def clipped(text: str, limit: int) -> str:
+    """`text` within `limit` characters, for quoting in one line: whole sentences where one ends
+    in the second half of the limit, else whole words and "..." (a reason cut at 80 characters
+    ended "This is typically caused")."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    sentence_end = head.rfind(". ")
+    if sentence_end >= limit // 2:
+        return head[:sentence_end]
+    return head[:limit - 3].rsplit(" ", 1)[0] + "..."
+
+
 def described(error: BaseException) -> str:
     """'Type: first line' of an exception, or 'Type' when it has no message."""
     line = first_line(error)

@@ -858,3 +858,15 @@ def test_an_out_where_no_folder_can_be_made_is_one_line(framework, capsys):
     err = one_line_exit(capsys, lambda: script.main([*TINY, "--out", "/proc/no-run-here"]), code=2)
     assert err == ("error: cannot make the run folder /proc/no-run-here (No such file or directory); "
                    "choose another --out")
+
+
+def test_a_quoted_reason_is_cut_at_a_sentence_or_a_word_not_mid_phrase():
+    """gloo's reason, cut at 80 characters, ended "... by peer. This is typically caused" (a
+    fresh-user review)."""
+    from common.errors import clipped
+
+    gloo = "Read error [127.0.0.1]:54479: Connection reset by peer. This is typically caused by a peer that died"
+    assert clipped(gloo, 80) == "Read error [127.0.0.1]:54479: Connection reset by peer"
+    assert clipped("word " * 30, 40) == "word word word word word word word..."
+    assert len(clipped("word " * 30, 40)) <= 40
+    assert clipped("short enough. Kept whole", 80) == "short enough. Kept whole"

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common import distributed
 from common.config import RunConfig, describe_precision, note_unused_flags, resolve_precision, warn_if_bf16_emulated
-from common.errors import UsageError, UserError, first_line
+from common.errors import UsageError, UserError, clipped, first_line
 from common.pytorch import amp
 
 # How long a replica waits for the others at a collective before it gives up with one line
@@ -192,7 +192,7 @@ def translate_failures():
             raise
         reason = re.sub(r"^\[[^\]]*\]\s*", "", first_line(error))  # gloo's [file:line] prefix
         raise distributed.ReplicaFailed(
-            f"lost contact with another replica ({reason[:80]}): it stopped or died, so this "
+            f"lost contact with another replica ({clipped(reason, 80)}): it stopped or died, so this "
             "one stops too; --resume continues from the last checkpoint") from None
 
 

@@ -40,7 +40,7 @@ from tensorflow.python.ops import gen_sync_ops
 
 from common import distributed, quiet
 from common.config import RunConfig, describe_precision, note_unused_flags, resolve_precision, warn_if_bf16_emulated
-from common.errors import UsageError, UserError, first_line
+from common.errors import UsageError, UserError, clipped, first_line
 from common.tensorflow import amp
 
 _GPUS = tf.config.list_physical_devices("GPU")
@@ -300,7 +300,8 @@ class translate_failures:
     def __exit__(self, kind, error, traceback):
         if kind is not None and issubclass(kind, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                                                   tf.errors.CancelledError, tf.errors.AbortedError)):
-            raise distributed.ReplicaFailed(f"lost contact with another worker ({first_line(error)[:200]})") from None
+            raise distributed.ReplicaFailed(f"lost contact with another worker ({clipped(first_line(error), 200)})") \
+                from None
         return False
 
 
