@@ -300,6 +300,15 @@ def test_bad_flags_are_one_line_errors(training_script, capsys, flags):
     assert error.count("\n") == 1 and "error:" in error
 
 
+def test_a_precision_named_twice_is_refused_before_any_run(training_script, capsys):
+    """Each precision is one run and one row: `--precisions fp32 fp32` trained twice and printed
+    two rows of one precision (a fresh-user review)."""
+    with pytest.raises(SystemExit) as exit_info:
+        training_script.main(["--precisions", "fp32", "amp", "fp32"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: --precisions names fp32 more than once: each is one run and one row\n"
+
+
 @pytest.mark.parametrize("flags", [["--result-json", "{weights}", "--out", "{weights}"],
                                    ["--result-json", "{committed}"],
                                    ["--result-json", "{committed}", "--out", "{weights}"],
