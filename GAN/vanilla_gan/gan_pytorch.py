@@ -70,8 +70,9 @@ class PackSamples(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """data -> 512 -> 256 (LeakyReLU; at the default --width) -> one logit, computed in float32. On 2-D points it judges
-    hparams.POINT_PACK samples together (one logit each pack), which keeps G from collapsing."""
+    """data -> 512 -> 256 (LeakyReLU; at the default --width) -> one logit, computed in float32.
+    On 2-D points it judges hparams.POINT_PACK samples together (one logit each pack), which
+    keeps G from collapsing."""
 
     def __init__(self, data_shape: tuple, width: int):
         super().__init__()

@@ -69,8 +69,9 @@ class PackSamples(layers.Layer):
 
 
 def make_discriminator(data_shape: tuple, width: int) -> keras.Model:
-    """data -> 512 -> 256 (LeakyReLU; at the default --width) -> one logit, computed in float32. On 2-D points it judges
-    hparams.POINT_PACK samples together (one logit each pack), which keeps G from collapsing."""
+    """data -> 512 -> 256 (LeakyReLU; at the default --width) -> one logit, computed in float32.
+    On 2-D points it judges hparams.POINT_PACK samples together (one logit each pack), which
+    keeps G from collapsing."""
     return keras.Sequential([
         keras.Input(data_shape),
         PackSamples(hparams.pack(data_shape)),

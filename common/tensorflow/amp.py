@@ -12,8 +12,8 @@ VAE/vanilla_vae/vae_tensorflow.py) as the Keras docs write them:
   `scale_loss` returns the loss unchanged, so one training step serves every precision.
 
 Under --distribute every replica must take the same branch, as PyTorch's replicas do (DDP
-all-reduces and averages the gradients before GradScaler looks at them): `LossScaleOptimizer` below makes the
-replicas agree on whether the step's gradients are finite.
+all-reduces and averages the gradients before GradScaler looks at them):
+`LossScaleOptimizer` below makes the replicas agree on whether the step's gradients are finite.
 
 This module names the policies, wraps an optimizer for loss scaling, reads the scales, and
 tells whether a step's updates were skipped.
