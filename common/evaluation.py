@@ -134,6 +134,7 @@ def evaluate(cfg, trainer, log=print, keep=None) -> dict:
     results = {"samples": count, **first}
     if "finite_samples" in first:
         return results
+    bounds_on = ""
     if hasattr(trainer, "decode_logits"):
         # drawn at random, as for FID: MNIST's first 1,000 test images scored a bound 5 nats
         # better than all 10,000 (the test set's first half is its cleaner writers)
@@ -143,9 +144,9 @@ def evaluate(cfg, trainer, log=print, keep=None) -> dict:
         if len(test) < count:  # a --data-dir with fewer test images: the bounds say on how many
             results["bound_images"] = len(test)
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
-    shown = ", ".join(f"{k} {figure(v)}" for k, v in results.items() if k != "samples")
-    if shown and hasattr(trainer, "decode_logits") and cfg.dataset == "folder":
-        shown += " (bounds on training images: a folder has no test split)"
+        if cfg.dataset == "folder":
+            bounds_on = " (bounds on training images: a folder has no test split)"
+    shown = ", ".join(f"{k} {figure(v)}" for k, v in results.items() if k != "samples") + bounds_on
     if shown:  # none where no sample metric applies (said above)
         log(f"evaluation ({count} samples): {shown}")
     if cfg.eval_draws > 1 and first:
