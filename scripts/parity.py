@@ -63,7 +63,7 @@ def networks(model: str, data_shape: tuple, width: int | None = None) -> list[tu
     found = []
     for name, keras_net in keras_script.build_networks(data_shape, width).items():
         input_shape = tuple(keras_net.inputs[0].shape[1:])
-        spec = (("data", getattr(entry.hparams, "PIXEL_RANGE", None)) if input_shape == tuple(data_shape)
+        spec = (("data", entry.hparams.PIXEL_RANGE) if input_shape == tuple(data_shape)
                 else ("noise", input_shape[0]))
         found.append((name, lambda name=name: torch_script.build_networks(torch_shape, width)[name],
                       lambda name=name: keras_script.build_networks(data_shape, width)[name], spec))
