@@ -178,23 +178,49 @@ def test_a_replica_slow_to_join_says_what_it_waits_for(joins_in_s, monkeypatch, 
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(runtime, "JOIN_NOTICE_S", 0.1)
 
-    handlers = []
-
     def no_other_replica(*args, **kwargs):  # as gloo ends the wait, at its timeout
-        handlers.append(signal.getsignal(signal.SIGINT))
         time.sleep(joins_in_s)
         raise RuntimeError("Timed out waiting for clients")
 
     monkeypatch.setattr(runtime.dist, "init_process_group", no_other_replica)
-    before = signal.getsignal(signal.SIGINT)
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(UserError, match="could not join the other replicas"):
         runtime.start_replicas("cpu", sync_bn=False)
-    # Ctrl-C ends the wait: it is in C++, where Python's handler never ran (it was ignored)
-    assert handlers == [signal.SIG_DFL] and signal.getsignal(signal.SIGINT) is before
+    assert {signum: signal.getsignal(signum) for signum in before} == before  # the join's handlers undone
     time.sleep(0.2)  # past the notice's time: cancelled, it stays unsaid
     notice = ("waiting for the other 1 replica(s) at 127.0.0.1:29999 (WORLD_SIZE 2 in the environment: "
               "torchrun's, or left over?); up to 10 minutes, Ctrl-C stops it\n")
     assert capsys.readouterr().err == (notice if joins_in_s else "")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_joining_ends_the_process_with_one_line(signum, tmp_path):
+    """WORLD_SIZE left in the environment and no other replica: the join waits in C++, where
+    Python's handlers do not run. Ctrl-C ended the process silently (the kernel's default),
+    and SIGTERM waited on: now each says one line and exits at once."""
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    command = [sys.executable, str(REPO / SCRIPTS["vanilla_gan"]), "--out", str(tmp_path / "run"), "--iters", "2",
+               *FAST]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # joining once the process group's store listens on MASTER_PORT
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", int(env["MASTER_PORT"]))) == 0:
+                    break
+            assert process.poll() is None, process.stderr.read()
+            time.sleep(0.2)
+        time.sleep(1.0)  # inside init_process_group, past the store's start
+        process.send_signal(signum)
+        err = process.communicate(timeout=30)[1]
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 128 + signum, err
+    assert err.strip() == (f"error: interrupted ({signal.Signals(signum).name}) while joining the other replicas; "
+                           "nothing was trained"), err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("slow", [True, False])

@@ -306,6 +306,7 @@ def test_a_batch_size_that_is_not_a_multiple_of_five_is_refused(framework, tmp_p
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--batch-size 42 is not a multiple of 5" in err and "--batch-size 40" in err
+    assert "among N data-parallel replicas, a multiple of 5N" in err  # torchrun's 2 refuse 5 later
     assert len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit):  # below one batch per critic step the hint rounds up, not to 0
         SCRIPTS[framework].main(["--out", str(tmp_path / "run"), *TINY, "--batch-size", "3"])

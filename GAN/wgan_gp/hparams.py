@@ -93,7 +93,8 @@ def validate(cfg) -> None:
         lower = max(CRITIC_STEPS, cfg.batch_size // CRITIC_STEPS * CRITIC_STEPS)
         raise UsageError(f"--batch-size {cfg.batch_size} is not a multiple of {CRITIC_STEPS}: "
                          f"WGAN-GP splits it into {CRITIC_STEPS} critic batches per generator "
-                         f"iteration; use e.g. --batch-size {lower}")
+                         f"iteration; use e.g. --batch-size {lower} (among N data-parallel replicas, "
+                         f"a multiple of {CRITIC_STEPS}N)")
     if cfg.compile:  # at once, not after the data is loaded and the compile has failed
         raise UsageError("--compile: torch.compile cannot differentiate twice (aot_autograd has no double "
                          "backward), and the gradient penalty does; train WGAN-GP eagerly in PyTorch "

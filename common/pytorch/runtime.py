@@ -224,25 +224,57 @@ def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
     notice = threading.Timer(JOIN_NOTICE_S, say_what_it_waits_for)
     notice.daemon = True
     notice.start()
-    # The join waits in C++, where Python's SIGINT handler never runs: Ctrl-C ends the process
-    # there, as the kernel's default does (nothing is trained yet to be lost).
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous_handler = signal.signal(signal.SIGINT, signal.SIG_DFL) if in_main_thread else None
     try:
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=REPLICA_TIMEOUT)
+        with _signals_end_the_join(say=_environment_int("RANK", 0) == 0):
+            dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=REPLICA_TIMEOUT)
     except (dist.DistError, RuntimeError, ValueError) as error:
         raise UserError(f"could not join the other replicas ({first_line(error)})") from None
     finally:
         notice.cancel()
         notice.join()  # a notice already being said is said before the join's outcome
-        if previous_handler is not None:  # None: one not set from Python, which cannot be set back
-            signal.signal(signal.SIGINT, previous_handler)
     if said.is_set():
         print(f"joined the other {world_size - 1} replica(s) after {time.monotonic() - started:.0f} s",
               file=sys.stderr, flush=True)
     atexit.register(_leave)
     control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
     return Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)
+
+
+@contextlib.contextmanager
+def _signals_end_the_join(say: bool):
+    """Ctrl-C or SIGTERM ends the process with one line (`say`: on rank 0 only, as torchrun's
+    terminal is every replica's) while it joins. The join waits in C++, where Python's handlers
+    run only once it returns, up to 10 minutes later; the interpreter's C handler still writes
+    the signal to the wakeup fd, which a thread watches. Nothing is trained yet to be lost."""
+    if threading.current_thread() is not threading.main_thread():  # the signals are the main thread's
+        yield
+        return
+    signals_read, signals_written = os.pipe()
+    os.set_blocking(signals_written, False)  # as set_wakeup_fd requires
+
+    def watch():
+        while received := os.read(signals_read, 64):  # b"": the join has ended
+            for signum in set(received) & {signal.SIGINT, signal.SIGTERM}:
+                if say:
+                    print(f"error: interrupted ({signal.Signals(signum).name}) while joining the other "
+                          "replicas; nothing was trained", file=sys.stderr, flush=True)
+                os._exit(128 + signum)
+
+    # the C handler writes the fd only for signals that have a Python handler
+    previous = {signum: signal.signal(signum, lambda *args: None) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous_fd = signal.set_wakeup_fd(signals_written, warn_on_full_buffer=False)
+    watcher = threading.Thread(target=watch, name="join-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        os.close(signals_written)
+        watcher.join()
+        os.close(signals_read)
+        for signum, handler in previous.items():
+            if handler is not None:  # None: one not set from Python, which cannot be set back
+                signal.signal(signum, handler)
 
 
 def _leave():
