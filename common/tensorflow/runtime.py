@@ -375,16 +375,23 @@ def _read_tf_config() -> dict:
         cluster = json.loads(text)
         workers, task = cluster["cluster"]["worker"], cluster["task"]
         index = task["index"]
-        if (not isinstance(workers, list) or not all(isinstance(address, str) for address in workers)
-                or task["type"] != "worker" or type(index) is not int or not 0 <= index < len(workers)):
+        if (not isinstance(workers, list) or not workers or not all(isinstance(address, str) for address in workers)
+                or task["type"] != "worker" or type(index) is not int):
             raise ValueError
     except (ValueError, KeyError, TypeError, RecursionError):
         raise UsageError(f"TF_CONFIG is not a worker cluster: expected {_CLUSTER_FORM}") from None
+    if not 0 <= index < len(workers):
+        raise UsageError(f"TF_CONFIG's task index {index} names no worker: the cluster lists {len(workers)}, "
+                         f"so each worker's index is 0 to {len(workers) - 1}")
     for address in workers:  # TensorFlow's C++ printed its own errors first, then failed to join
         host, _, port = address.rpartition(":")
         if not (host and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
             raise UsageError(f"TF_CONFIG's worker {address!r} is not host:port (a port from 1 to 65535): "
                              f"expected {_CLUSTER_FORM}")
+    repeated = sorted({address for address in workers if workers.count(address) > 1})
+    if repeated:  # two workers cannot both listen there: the join waited out its timeout
+        raise UsageError(f"TF_CONFIG lists {', '.join(repeated)} more than once: each worker needs its own "
+                         "host:port")
     others = sorted(set(cluster["cluster"]) - {"worker"})
     if others:  # a chief would take worker 0's place, a parameter server wait for a strategy not used
         raise UsageError(f"TF_CONFIG names {', '.join(others)} besides the workers: --distribute multi-worker "
