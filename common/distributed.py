@@ -31,7 +31,7 @@ def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False
     that does not divide; `pack`: each replica's rows must also divide into D's packs (PacGAN)."""
     unit = count * parts * pack
     if batch_size % unit:
-        what = (f"{count} replicas" + (f" x {parts} parts of each step's batch" if parts > 1 else "")
+        what = (f"{count} replica{'s' * (count != 1)}" + (f" x {parts} parts of each step's batch" if parts > 1 else "")
                 + (f" x packs of {pack} samples" if pack > 1 else ""))
         raise UsageError(f"--batch-size {batch_size} does not divide among {what}: use a multiple "
                          f"of {unit} (the global batch; each replica trains on batch / {count})", quiet=quiet)

@@ -34,7 +34,7 @@ def format_top_ops(rows: list[OperationRow], steps: int, clock: str = "time") ->
     total = sum(ms for _, _, ms in rows)
     shown = [(name if len(name) <= 60 else name[:57] + "...", calls, ms) for name, calls, ms in rows[:TOP_OPS]]
     width = max([len(name) for name, _, _ in shown] + [len("operation")])
-    lines = [f"top operations by self {clock} over {steps} profiled steps "
+    lines = [f"top operations by self {clock} over {steps} profiled step{'s' * (steps != 1)} "
              f"({total / steps:.2f} ms/step in operations)",
              f"  {'operation':<{width}}  {'calls/step':>10}  {'ms/step':>8}  {'share':>6}"]
     lines += [f"  {name:<{width}}  {calls / steps:>10.1f}  {ms / steps:>8.3f}  {ms / total:>6.1%}"

@@ -230,7 +230,8 @@ def markdown(results: list[dict]) -> str:
     first = results[0]
     memory = ("torch.cuda.max_memory_allocated" if first["device"] == "cuda"
               else "the process's peak resident set (data and libraries included)")
-    lines += ["", f"MNIST feature net, {first['epochs']} epoch(s) on {first['train_images']:,} images "
+    epochs = f"{first['epochs']} epoch{'s' * (first['epochs'] != 1)}"
+    lines += ["", f"MNIST feature net, {epochs} on {first['train_images']:,} images "
                   f"(batch {first['batch_size']}), test accuracy on {first['test_images']:,} images under "
                   f"the run's autocast; {first['device']}: {first['machine']}; torch {first['torch']}; "
                   f"peak memory: {memory}; each precision in a fresh process."]

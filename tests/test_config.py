@@ -269,6 +269,12 @@ def test_a_batch_that_does_not_divide_into_packs_is_refused_on_points_only(model
                                          "--batch-size", str(3 * hparams.POINT_PACK)])
 
 
+def test_one_replica_is_said_in_the_singular():
+    """--distribute mirrored --replicas 1 said "among 1 replicas"."""
+    with pytest.raises(UsageError, match=r"does not divide among 1 replica x 5 parts of each step's batch"):
+        parse_args("wgan_gp", "tensorflow", ["--distribute", "mirrored", "--replicas", "1", "--batch-size", "42"])
+
+
 @pytest.mark.parametrize("model, argv, precision, device, notes", [
     ("vanilla_gan", [], "fp32", "cpu", []),
     # loss scaling is float16's alone

@@ -468,7 +468,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     note_unused_flags(cfg, precision, device_type, log)
     if os.environ.get("TF_CONFIG") and cfg.distribute != "multi-worker":  # a cluster's worker that trains alone
         log("note: TF_CONFIG is set, but only --distribute multi-worker reads it: this process trains alone")
-    across = (f" | {replicas.count} replicas ({type(replicas.strategy).__name__}"
+    across = (f" | {replicas.count} replica{'s' * (replicas.count != 1)} ({type(replicas.strategy).__name__}"
               f"{f', {replicas.workers} workers' if replicas.workers > 1 else ''})" if cfg.distribute else "")
     log(f"{cfg.model} | {describe_tensorflow()} | "
         f"{device_type} | {describe_precision(precision, device_type)} | "
