@@ -376,6 +376,18 @@ def _find_idx(folder: Path, name: str) -> Path | None:
     return None
 
 
+def _read_idx_preferred(path: Path) -> np.ndarray:
+    """read_idx of the file _find_idx chose; a bad raw file (a gunzip cut short, say) names the
+    .gz beside it, which is read only once the raw one is gone."""
+    try:
+        return read_idx(path)
+    except DataError as error:
+        if path.suffix != ".gz" and path.with_name(f"{path.name}.gz").is_file():
+            raise DataError(f"{error}, or delete it: {path.name}.gz beside it is read "
+                            "when there is no uncompressed copy") from None
+        raise
+
+
 def _check_native_size(width: int, height: int, source) -> None:
     """Images kept at their own size stay within --image-size's bound: a folder of photos would
     otherwise give an MLP a first layer of tens of GB (the vanilla GAN asked 27.6 GB at 1500x1500)."""
@@ -392,7 +404,7 @@ def _check_image_sides(images: np.ndarray, path: Path) -> None:
 
 
 def _read_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
-    images, labels = read_idx(images_path), read_idx(labels_path)
+    images, labels = _read_idx_preferred(images_path), _read_idx_preferred(labels_path)
     if images.ndim != 3 or images.dtype != np.uint8:
         raise DataError(
             f"{images_path} holds {images.ndim}-D {images.dtype} data, not uint8 images "

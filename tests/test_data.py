@@ -226,6 +226,18 @@ def test_mnist_like_from_idx_directory(tmp_path, name, compress):
         np.testing.assert_array_equal(dataset.y, labels)
 
 
+def test_a_bad_uncompressed_copy_beside_a_good_gz_names_the_gz(tmp_path):
+    """A gunzip cut short leaves a truncated raw file, read in preference to the sound .gz
+    beside it: the error said only "download it again"."""
+    write_mnist_dir(tmp_path, compress=True)
+    raw = tmp_path / "train-images-idx3-ubyte"
+    raw.write_bytes(gzip.decompress((tmp_path / "train-images-idx3-ubyte.gz").read_bytes())[:1000])
+    with data_error("train-images-idx3-ubyte is truncated", "or delete it: train-images-idx3-ubyte.gz beside it"):
+        load_dataset("mnist", tmp_path)
+    raw.unlink()
+    assert load_dataset("mnist", tmp_path).x.shape == (6, 28, 28, 1)
+
+
 def test_images_file_holding_labels_is_rejected(tmp_path):
     write_mnist_dir(tmp_path)
     (tmp_path / "train-labels-idx1-ubyte").replace(tmp_path / "train-images-idx3-ubyte")
