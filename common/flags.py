@@ -216,6 +216,12 @@ def output_files_problem(folder: Path, names) -> str | None:
     return next(filter(None, (output_problem(folder / name, folder=False) for name in names)), None)
 
 
+def repeated_values_problem(flag: str, values: list) -> str | None:
+    """A list flag that names a value twice, whose run would run and be tabled twice."""
+    repeated = list(dict.fromkeys(str(value) for value in values if values.count(value) > 1))
+    return f"{flag} names {', '.join(repeated)} more than once: each is one run and one row" if repeated else None
+
+
 def _output(folder: bool):
     def parse(text: str) -> Path:
         problem = output_problem(Path(path_text(text)), folder)

@@ -239,6 +239,9 @@ def main(argv=None) -> int:
     args, args.flags = parser.parse_known_args(argv)
     args.flags = [*preset.get("flags", []), *args.flags]  # a model script takes a flag's last value
     args.models = list(dict.fromkeys(models.get(name).key for name in args.models))  # an alias once
+    for name in ("frameworks", "precisions"):  # a configuration twice read as one run --repeat 2
+        if problem := flags.repeated_values_problem(f"--{name}", getattr(args, name)):
+            raise UsageError(problem)
     if args.iters < 2 * args.log_every:
         raise UsageError("--iters must cover at least two --log-every intervals "
                          "(the first is warm-up and not counted)")

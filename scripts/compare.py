@@ -103,15 +103,16 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         return ["--overwrite"]
     if not reuse:
         raise UsageError(f"{folder} already holds a run: --reuse to use it (if its settings match) "
-                         "or --overwrite to train it again")
-    again = "; --overwrite to train it again"
+                         "or --overwrite to train both sides again")
+    # --overwrite retrains both sides: a damaged one alone is retrained by deleting its folder
+    again = f"; delete {folder} to train this side again (--overwrite would retrain both)"
     saved = settings_as_today(read_json(folder / "config.json", hint=again))  # older runs, in today's flags
     expected = plan.expected()
     differing = [k for k in MATCHING if saved.get(k) != expected.get(k)]
     if differing:
         changes = ", ".join(f"{k}: {saved.get(k)!r} here, {expected.get(k)!r} asked" for k in differing)
-        raise UsageError(f"cannot reuse {folder}: other settings ({changes}); --overwrite to train "
-                         "it again, or --runs for another folder")
+        raise UsageError(f"cannot reuse {folder}: other settings ({changes}); --runs for another folder"
+                         f"{again}")
     summary_path = folder / "summary.json"
     summary = read_json(summary_path, ("step",), again) if summary_path.exists() else {"step": 0}
     done = summary["step"]
@@ -120,13 +121,13 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
         measured = summary.get("metrics") or {}
         if asked and measured.get("samples") != asked:  # --resume with nothing to train measures it
             # ...only at a checkpoint of the summary's step: else it would train, and rewrite the run
-            check_evaluable(folder, remedy="--overwrite to train it again")
+            check_evaluable(folder, remedy=again.removeprefix("; "))
             print(f"compare: {folder} is not measured on {asked} samples: evaluating it", flush=True)
             return ["--resume"]
         return None
     if done > plan.config.iters:
         raise UsageError(f"cannot reuse {folder}: it trained {done} iterations, --iters asks for "
-                         f"{plan.config.iters}; --overwrite to train it again")
+                         f"{plan.config.iters}{again}")
     extra = continue_flags(folder, summary, again)
     if extra == ["--overwrite"]:  # stopped before its first checkpoint: nothing to keep
         print(f"compare: {folder} holds no checkpoint yet: training it from the start", flush=True)

@@ -47,7 +47,7 @@ from common.runs import (
 )
 
 DATASETS = ("mnist", *POINT_DATASETS)
-AGAIN = "; --overwrite to train it again"
+AGAIN = "; delete its folder to train that run again (--overwrite would retrain every run of the command)"
 COLUMNS = (("fid", "FID", 2), ("precision", "precision", 3), ("recall", "recall", 3),
            ("classes_covered", "classes", 0), ("modes_covered", "modes", 0),
            ("high_quality", "high quality", 3), ("test_elbo", "test ELBO", 1))
@@ -132,7 +132,7 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
             differences = settings_differences(config, training_settings(model, dataset, framework, amp, args, seed))
             if differences:
                 raise UsageError(f"{folder} holds a run of other settings ({'; '.join(differences)}); "
-                                 "--overwrite to train it again, or --runs for another folder")
+                                 f"--runs for another folder{AGAIN}")
             done = read_json(summary_path, ("step",), AGAIN) if summary_path.exists() else {}
             if done.get("step") == config["iters"]:
                 if done.get("metrics", {}).get("samples") != sample_count(dataset, args.samples):
@@ -279,8 +279,9 @@ def main(argv=None) -> int:
     args.not_tabled = []  # --table-only: the runs found and left out, and why
     if args.table_only and args.overwrite:
         raise UsageError("--table-only and --overwrite contradict each other: --table-only trains nothing")
-    if len(set(args.seeds)) != len(args.seeds):
-        raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: give distinct seeds")
+    for name in ("frameworks", "datasets", "precisions", "seeds"):
+        if problem := flags.repeated_values_problem(f"--{name}", getattr(args, name)):
+            raise UsageError(problem)
     refuse_inside_a_run(args.runs, "--runs")
     if problem := flags.output_files_problem(args.runs, ("quality_table.md", "quality_table.json")):
         raise UsageError(f"--runs: {problem}")  # now, not after the runs
@@ -310,6 +311,8 @@ def main(argv=None) -> int:
             found = f" ({first}, and {more} more)" if more else f" ({first})"
         raise UserError(f"no runs of these settings measured on --samples {args.samples} under {args.runs}"
                         f"{found}: --table-only trains and measures nothing; leave it out to do so")
+    for left_out in args.not_tabled:  # beside a table of the others, or it reads as complete
+        print(f"note: left out of the table: {left_out}")
     floor = evaluation.real_data_floor(args.samples)
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})

@@ -120,8 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.amp_dtype != "auto" and not args.amp:
         raise UsageError(f"--amp-dtype {args.amp_dtype} needs --amp")
     if args.precisions:
-        if repeated := sorted({p for p in args.precisions if args.precisions.count(p) > 1}):
-            raise UsageError(f"--precisions names {', '.join(repeated)} more than once: each is one run and one row")
+        if problem := flags.repeated_values_problem("--precisions", args.precisions):
+            raise UsageError(problem)
         clashing = [flag for flag, value in (("--amp", args.amp), ("--out", args.out),
                                              ("--result-json", args.result_json)) if value]
         if clashing:

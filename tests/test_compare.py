@@ -533,7 +533,9 @@ def test_reuse_with_evaluate_never_measures_a_run_by_training_it_again(tmp_path)
 
     run = plan()
     planned_run(run, 1, {"step": 2, "stopped": "losses inf/NaN since step 2"})
-    stopped = r"stopped at step 2 \(losses inf/NaN since step 2\).*--overwrite to train it again"
+    # --overwrite would retrain the other side too: the hint names this side's folder
+    stopped = (r"stopped at step 2 \(losses inf/NaN since step 2\).*; delete \S+pytorch-fp32 to train this side "
+               r"again \(--overwrite would retrain both\)")
     with pytest.raises(UserError, match=stopped):
         compare.decide(plan("--evaluate", "10"), reuse=True, overwrite=False)
     (run.folder / "summary.json").write_text(json.dumps({"step": 2}))  # its last checkpoint deleted

@@ -442,8 +442,11 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
     summary_path = tmp_path / "vanilla_gan" / "ring8" / "pytorch-amp" / "summary.json"
     finished = summary_path.read_text()
     summary_path.write_text(json.dumps({**json.loads(finished), "step": 3, "stopped_early": False}))
+    capsys.readouterr()
     assert quality_table.main([*argv, "--table-only"]) == 0
     assert len(json.loads((tmp_path / "quality_table.json").read_text())["rows"]) == 4
+    # ...and says so beside the table, which read as complete
+    assert f"note: left out of the table: {killed}: stopped at step 3 of 4\n" in capsys.readouterr().out
     summary_path.write_text(finished)
 
     # A run of other settings (a default changed since it ran) is refused, not reused
@@ -454,6 +457,9 @@ def test_quality_table_trains_evaluates_and_reuses(tmp_path, capsys):
         quality_table.main(argv)
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "batch_size 32, not 64" in err and "\n" not in err, err
+    # --overwrite would retrain every run of the command, not the one named
+    assert err.endswith("; delete its folder to train that run again (--overwrite would retrain every run of "
+                        "the command)"), err
 
     # An unfinished run whose checkpoints were deleted but whose results are there is refused:
     # it was trained again under --overwrite, its results lost
@@ -552,7 +558,15 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
     with pytest.raises(SystemExit) as exit_info:
         quality_table.main([*argv[:-2], "3", "3"])
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and "distinct seeds" in err and "\n" not in err, err
+    assert err == "error: --seeds names 3 more than once: each is one run and one row", err
+    for repeated, named in ((["--frameworks", "pytorch", "pytorch"], "pytorch"),
+                            (["--precisions", "fp32", "amp", "fp32"], "fp32"),
+                            (["--datasets", "mnist", "mnist"], "mnist")):  # each run twice in the table
+        with pytest.raises(SystemExit) as exit_info:
+            quality_table.main([*argv, *repeated, "--table-only"])
+        err = capsys.readouterr().err.strip()
+        said = f"error: {repeated[0]} names {named} more than once: each is one run and one row"
+        assert exit_info.value.code == 2 and err == said, err
 
 
 def test_quality_table_seed_means_keep_to_the_seeds_measured_in_both_precisions():
