@@ -7,6 +7,7 @@ interval, which includes graph tracing and warm-up, is left out), samples/s at t
 peak memory (CPU: peak resident set of the process; CUDA: allocator peak). Below the table,
 the CPU each run's figures were measured on (each run's summary.json records it).
 """
+import os
 import sys
 from pathlib import Path
 
@@ -25,30 +26,52 @@ def number(value, digits: int) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
 
 
-def rows(folders):
-    """Each run's table row, with (its folder, its summary.json)."""
+def run_folders(folders: list[Path]) -> list[tuple[Path, Path]]:
+    """(the folder named, a run folder under it) for each run once, in path order: a folder
+    inside another named one adds no second row. Links to folders are not followed (a link
+    to / would walk the disk); the error for finding none says so."""
+    found, seen, links = [], set(), []
     for folder in folders:
-        if not Path(folder).is_dir():
+        if not folder.is_dir():
             raise UserError(f"{folder} is not a folder (name folders holding run folders)")
-        for summary_path in sorted(Path(folder).rglob("summary.json")):
-            run = summary_path.parent
-            hint = "; delete the run folder or train it again"
-            summary = read_json(summary_path, ("model", "framework", "step"), hint)
-            config = read_json(run / "config.json", ("precision", "device"), hint)
-            losses = ", ".join(f"{k} {number(v, 3)}" for k, v in summary.get("final", {}).items()
-                               if k not in NOT_LOSSES)
-            # what tells apart runs of one model and precision: the folder, the data, a stop
-            replicas = summary.get("replicas")
-            data = str(config.get("dataset", "-")) + (f", {replicas} replicas" if isinstance(replicas, int)
-                                                     and replicas > 1 else "")
-            steps = str(summary["step"])
-            if summary.get("stopped_early") and isinstance(config.get("iters"), int):
-                steps = f"{steps}/{config['iters']} (stopped)"
-            yield (str(run.relative_to(folder)) if run != Path(folder) else run.name,
-                   f"{summary['model']} {summary['framework']}", data, config["precision"],
-                   config["device"], steps, number(summary.get("median_step_ms"), 2),
-                   number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),
-                   str(summary.get("skipped_steps", "-")), losses or "-"), (str(run), summary)
+        for where, subfolders, files in sorted(os.walk(folder)):
+            links += [Path(where, name) for name in subfolders if os.path.islink(os.path.join(where, name))]
+            has_summary = "summary.json" in files or "summary.json" in subfolders  # a folder: "damaged"
+            if has_summary and os.path.realpath(where) not in seen:
+                seen.add(os.path.realpath(where))
+                found.append((folder, Path(where)))
+    if not found:
+        skipped = f" (links to folders are not followed: name {links[0]} itself)" if links else ""
+        raise UserError(f"no summary.json under those folders{skipped}; train a model first")
+    return found
+
+
+def rows(folders: list[Path]):
+    """Each run's table row, with (its folder, its summary.json); with two or more folders
+    named, each run's folder as given, so that runs of two of them are told apart."""
+    for folder, run in run_folders(folders):
+        summary_path = run / "summary.json"
+        # a tool that only reads: the damaged file is the run's, and the rest of it may be sound
+        summary = read_json(summary_path, ("model", "framework", "step"),
+                            "; its script's --resume (with the run's settings) writes it again, "
+                            "then evaluate.py measures it")
+        config = read_json(run / "config.json", ("precision", "device"),
+                           "; the run cannot be resumed without it: move the folder aside to table the others")
+        losses = ", ".join(f"{k} {number(v, 3)}" for k, v in summary.get("final", {}).items()
+                           if k not in NOT_LOSSES)
+        # what tells apart runs of one model and precision: the folder, the data, a stop
+        replicas = summary.get("replicas")
+        data = str(config.get("dataset", "-")) + (f", {replicas} replicas" if isinstance(replicas, int)
+                                                 and replicas > 1 else "")
+        steps = str(summary["step"])
+        if summary.get("stopped_early") and isinstance(config.get("iters"), int):
+            steps = f"{steps}/{config['iters']} (stopped)"
+        label = run if len(folders) > 1 else run.relative_to(folder) if run != folder else run.name
+        yield (str(label),
+               f"{summary['model']} {summary['framework']}", data, config["precision"],
+               config["device"], steps, number(summary.get("median_step_ms"), 2),
+               number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),
+               str(summary.get("skipped_steps", "-")), losses or "-"), (str(run), summary)
 
 
 @exit_on_user_error
@@ -56,8 +79,6 @@ def main(argv=None):
     parser = OneLineErrorParser(description=flags.first_paragraph(__doc__))
     parser.add_argument("folders", nargs="+", type=flags.path, help="folders holding run folders")
     found = list(rows(parser.parse_args(argv).folders))
-    if not found:
-        raise UserError("no summary.json under those folders; train a model first")
     print(markdown_row(COLUMNS))
     print("|" + "---|" * len(COLUMNS))
     for row, _ in found:

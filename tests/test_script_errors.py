@@ -522,6 +522,38 @@ def test_summarize_runs_names_a_damaged_file_in_one_line(name, content, tmp_path
         (folder / name).write_text(content)
     err = one_line_exit(capsys, lambda: summarize_runs.main([str(tmp_path / "runs")]), code=1)
     assert name in err and str(folder) in err
+    # a tool that only reads: no "delete the run folder", whose checkpoints may be sound
+    assert err.endswith("writes it again, then evaluate.py measures it" if name == "summary.json"
+                        else "move the folder aside to table the others"), err
+
+
+def test_summarize_runs_tells_apart_runs_of_two_folders_and_lists_each_once(tmp_path, capsys):
+    """Two folders' runs were both labelled vanilla_gan/pytorch-fp32, and a folder named
+    inside another gave its runs a second row."""
+    from scripts import summarize_runs
+
+    first, second = fake_compare_runs(tmp_path / "a"), fake_compare_runs(tmp_path / "b")
+    assert summarize_runs.main([str(tmp_path / "a"), str(tmp_path / "b"), str(first["pytorch"].parent)]) == 0
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in capsys.readouterr().out.splitlines()[2:]
+              if line.startswith("| ")]
+    assert labels == [str(first["pytorch"]), str(first["tensorflow"]), str(second["pytorch"]),
+                      str(second["tensorflow"])]
+    assert summarize_runs.main([str(tmp_path / "a")]) == 0  # one folder: labels relative to it
+    out = capsys.readouterr().out
+    assert f"| {first['pytorch'].relative_to(tmp_path / 'a')} | " in out and str(tmp_path) not in out.split("\n\n")[0]
+
+
+def test_summarize_runs_says_it_does_not_follow_links_to_folders(tmp_path, capsys):
+    from scripts import summarize_runs
+
+    runs = fake_compare_runs(tmp_path / "runs")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "here").symlink_to(tmp_path / "runs")
+    err = one_line_exit(capsys, lambda: summarize_runs.main([str(tmp_path / "linked")]), code=1)
+    assert err == (f"error: no summary.json under those folders (links to folders are not followed: name "
+                   f"{tmp_path / 'linked' / 'here'} itself); train a model first"), err
+    assert summarize_runs.main([str(tmp_path / "linked" / "here")]) == 0  # named, a link is read
+    assert str(runs["pytorch"].name) in capsys.readouterr().out
 
 
 def test_summarize_runs_tabulates_sound_runs(tmp_path, capsys):
