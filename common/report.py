@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,6 +220,17 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sample_count_note(rows: list[dict]) -> str | None:
+    """A line under the table when the runs' metrics were measured on different numbers of
+    samples (FID shrinks as they grow, so the two would not compare)."""
+    counts = list(dict.fromkeys(row["metrics"]["samples"] for row in rows if row["metrics"].get("samples")))
+    if len(counts) < 2:
+        return None
+    folders = " ".join(shlex.quote(row["folder"]) for row in rows)
+    return (f"The runs' metrics were measured on different numbers of samples ({' and '.join(map(str, counts))}): "
+            f"they do not compare; measure both on one with python scripts/evaluate.py --samples N {folders}")
+
+
 REPORT_FILES = ("report.md", "samples.png", "losses.png", "table.md", "table.json")  # what write_report writes
 REPORT_MARK = ("title", "command", "rows", "sample_steps")  # the keys of its table.json, written first
 
@@ -260,6 +272,8 @@ def write_report(sides: list[Side], folder: Path, title: str, command: str) -> d
     if first["median_step_ms"] and second["median_step_ms"]:
         lines.append(f"{second['run']} takes {second['median_step_ms'] / first['median_step_ms']:.2f}x "
                      f"the step time of {first['run']}.")
+    if note := sample_count_note(rows):
+        lines += ["", note]
     lines += ["", *cpu.measured_on([(row["run"], row) for row in rows]), ""]  # the figures' machine
     if drift:
         lines.append("Mean absolute difference of the two sample grids (pixels in [0, 1]): "

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, dataset_suffix, parse_args, resolve_precision, run_name
-from common.errors import UsageError, UserError, exit_on_user_error, run_child
+from common.errors import UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.evaluation import check_evaluable, sample_count
 from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
 from common.runs import continue_flags, lies_within, read_json, refuse_inside_a_run, settings_as_today
@@ -247,10 +247,12 @@ def main(argv=None) -> int:
             train(plan, extra)
 
     sides = [report.load_side(plan.folder, plan.label) for plan in plans]
-    command = "python scripts/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = shlex.join(["python", "scripts/compare.py", *(argv if argv is not None else sys.argv[1:])])
     written = report.write_report(sides, folder, title, command)
     print(report.markdown_table(written["rows"]))
-    print(f"compare: report in {folder} ({', '.join(report.REPORT_FILES)})")
+    if note := report.sample_count_note(written["rows"]):
+        print(escaped_line_breaks(f"note: {note}"))
+    print(escaped_line_breaks(f"compare: report in {folder} ({', '.join(report.REPORT_FILES)})"))
     with_events = [plan.label for plan in plans if any(plan.folder.glob("events.out.tfevents.*"))]
     if not with_events:
         print("compare: neither run wrote TensorBoard events (they trained with --no-tensorboard)")

@@ -2,6 +2,7 @@
 report after tiny two-framework runs."""
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -279,6 +280,23 @@ def test_the_report_gives_the_second_runs_step_time_as_a_multiple_of_the_firsts(
     assert "pytorch amp-bf16 takes 2.50x the step time of pytorch fp32." in lines
 
 
+def test_the_report_says_when_the_runs_metrics_were_measured_on_different_sample_counts(tmp_path):
+    """An evaluate.py --samples 10 of one run beside the other's 20: two FIDs that do not compare
+    stood side by side unsaid."""
+    sides = [fake_side(tmp_path, name, [0], [{"step": 2, "loss": 1.0}]) for name in ("a b", "c")]
+    for side, samples in zip(sides, (20, 10)):
+        side.summary["metrics"] = {"fid": 9.0, "samples": samples}
+        plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
+    report.write_report(sides, tmp_path / "report", "t", "cmd")
+    quoted = f"'{sides[0].run.path}' {sides[1].run.path}"  # a folder with a space, as a shell reads it
+    note = ("The runs' metrics were measured on different numbers of samples (20 and 10): they do not compare; "
+            f"measure both on one with python scripts/evaluate.py --samples N {quoted}")
+    assert note in (tmp_path / "report" / "report.md").read_text().splitlines()
+    sides[1].summary["metrics"]["samples"] = 20
+    report.write_report(sides, tmp_path / "report", "t", "cmd")
+    assert "different numbers of samples" not in (tmp_path / "report" / "report.md").read_text()
+
+
 def test_sample_drift_is_the_mean_absolute_difference_of_the_two_grids(tmp_path):
     """A grid a quarter of whose pixels went from black to white has drifted 0.25, not 1 (the
     largest difference of any pixel), on the 0-1 scale the report states."""
@@ -395,12 +413,14 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
 
     summary = runs / "vanilla_gan" / "pytorch-fp32" / "summary.json"
     before = summary.stat().st_mtime_ns
-    assert compare.main([*flags, "--fp32-vs-amp", "pytorch", "--reuse"]) == 0
+    assert compare.main([*flags, "--fp32-vs-amp", "pytorch", "--reuse", "--report", "my report"]) == 0
     assert summary.stat().st_mtime_ns == before  # float32 reused, only AMP trained
+    written = json.loads(Path("my report", "table.json").read_text())["command"]  # as a shell reads it back
+    assert shlex.split(written) == ["python", "scripts/compare.py", *flags, "--fp32-vs-amp", "pytorch", "--reuse",
+                                    "--report", "my report"]
     last = capsys.readouterr().out.splitlines()[-1]  # where to look, as `make demo` ends
     assert last.endswith(f"tensorboard --logdir {runs / 'vanilla_gan'}")
-    table = json.loads((runs / "vanilla_gan" / "compare-fp32-vs-amp-bf16-pytorch"
-                        / "table.json").read_text())
+    table = json.loads(Path("my report", "table.json").read_text())
     assert [r["precision"] for r in table["rows"]] == ["fp32", "amp-bf16"]
 
     with pytest.raises(SystemExit) as exit_info:
