@@ -156,7 +156,8 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                                 f"{SCALE_WARN_WINDOW} steps")
     precision.add_argument("--nonfinite-patience", type=flags.positive_int,
                            help="stop (with a checkpoint) when the losses have been inf/NaN for "
-                                "this many steps")
+                                "this many steps, checked at each --log-every step (where the losses "
+                                "are read from the device)")
 
     model_group = parser.add_argument_group("model")
     model_group.add_argument("--width", type=flags.int_in(1, MAX_WIDTH),

@@ -230,7 +230,7 @@ def check_evaluable(folder: Path, remedy: str | None = None) -> None:
     _, summary = run.read_finished()
     if "stopped" in summary:
         raise UserError(f"{folder} stopped at step {summary['step']} ({summary['stopped']}): it has no "
-                        f"trained model to evaluate; {remedy or 'continue it with --resume (and a lower --lr)'}")
+                        f"trained model to evaluate; {remedy or 'continue it with --resume --clip-grad-norm N'}")
     latest = run.latest_checkpoint()
     if latest is None:  # a finished run writes one at its last step: these were deleted
         raise UserError(f"{folder} has no checkpoint left (its summary is at step {summary['step']}): there "

@@ -540,6 +540,17 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
     }
 
 
+def new_run_remedies(precision: str) -> str:
+    """What may keep the losses finite but --resume refuses: it keeps the learning rate and the
+    precision (config.RESUME_KEYS), and so diverges again, bit for bit; --clip-grad-norm it takes."""
+    return "a lower --lr" + (" or --amp-dtype bfloat16" if precision == "amp-fp16" else "")
+
+
+def divergence_remedies(precision: str) -> str:
+    return (f"--clip-grad-norm N, which --resume takes, or {new_run_remedies(precision)} in a new run "
+            "(another --out, or --overwrite)")
+
+
 def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, log_interval: IntervalLog,
                   start_step: int):
     """Save the state the losses went inf/NaN in (under a name --resume does not pick), write
@@ -552,12 +563,14 @@ def stop_diverged(cfg: RunConfig, run: RunFolder, session: Session, step: int, l
     summary = summarize(cfg, session, step, log_interval, stopped_early=False, start_step=start_step)
     run.write_summary({**summary, "stopped": f"losses inf/NaN since step {monitor.nonfinite_since}"})
     good = run.latest_checkpoint()
-    advice = (f"--resume continues from the last good checkpoint (step {good[0]})" if good
-              else "no earlier checkpoint to resume from")
+    new_run = new_run_remedies(session.precision)
+    advice = (f"--resume --clip-grad-norm N continues from the last good checkpoint (step {good[0]}); "
+              f"{new_run} needs a new run (another --out, or --overwrite)" if good
+              else f"no earlier checkpoint to resume from: train again (--overwrite) with {new_run} "
+                   "or --clip-grad-norm N")
     raise TrainingDiverged(
         f"the losses have been inf/NaN since step {monitor.nonfinite_since} "
-        f"({monitor.nonfinite_streak} steps): stopped at step {step}, state saved in "
-        f"{path}; lower --lr, try --clip-grad-norm or --amp-dtype bfloat16; {advice}",
+        f"({monitor.nonfinite_streak} steps): stopped at step {step}, state saved in {path}; {advice}",
         quiet=not run.writable)  # data parallel: rank 0 says it
 
 
@@ -631,7 +644,7 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             session.replicas.wait_for_writer()
     # said by the process that trained (a resume with nothing to train, as evaluate.py's, is silent)
     if monitor.nonfinite_streak and step > start_step and run.writable:
-        advice = "lower --lr, try --clip-grad-norm or --amp-dtype bfloat16"
+        advice = divergence_remedies(session.precision)
         if stopped_early:  # its checkpoint records the streak
             log(f"warning: the losses have been inf/NaN since step {monitor.nonfinite_since} "
                 f"({monitor.nonfinite_streak} steps; --resume counts on toward --nonfinite-patience "

@@ -777,8 +777,19 @@ def test_a_run_stopped_while_its_losses_are_inf_nan_says_so(framework, tmp_path,
     stdout = capsys.readouterr().out
     assert [line for line in stdout.splitlines() if "inf/NaN" in line] == [
         "warning: the losses have been inf/NaN since step 3 (3 steps; --resume counts on toward "
-        "--nonfinite-patience 6): lower --lr, try --clip-grad-norm or --amp-dtype bfloat16"]
+        "--nonfinite-patience 6): --clip-grad-norm N, which --resume takes, or a lower --lr in a new run "
+        "(another --out, or --overwrite)"]  # float32: no --amp-dtype bfloat16; --resume refuses another --lr
     assert "stopped at step 5, checkpoint saved; continue with the same command and --resume" in stdout
+
+
+def test_divergence_advice_offers_bfloat16_to_float16_runs_only():
+    """--amp-dtype bfloat16 was offered to float32 runs, which refuse it without --amp, and to
+    bfloat16 runs; and a lower --lr with --resume, which refuses another --lr."""
+    from common.loop import divergence_remedies
+
+    assert divergence_remedies("amp-fp16").endswith("or a lower --lr or --amp-dtype bfloat16 in a new run "
+                                                    "(another --out, or --overwrite)")
+    assert all("bfloat16" not in divergence_remedies(precision) for precision in ("fp32", "amp-bf16"))
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
@@ -796,7 +807,11 @@ def test_a_resume_counts_on_the_inf_nan_streak_from_before_the_stop(framework, t
     with pytest.raises(SystemExit) as diverged:
         train(framework, out, *NAN_RUN, "--resume")
     assert diverged.value.code == 1
-    assert "the losses have been inf/NaN since step 3 (6 steps): stopped at step 8" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the losses have been inf/NaN since step 3 (6 steps): stopped at step 8" in err
+    # advice --resume takes: the same settings resumed diverge again, bit for bit
+    assert err.strip().endswith("; --resume --clip-grad-norm N continues from the last good checkpoint (step 5); "
+                                "a lower --lr needs a new run (another --out, or --overwrite)"), err
     assert json.loads((out / "summary.json").read_text())["stopped"] == "losses inf/NaN since step 3"
 
 
