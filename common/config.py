@@ -462,6 +462,8 @@ def unused_flags(cfg: RunConfig, precision: str, device_type: str) -> list[str]:
         notes.append("--iwae-k: the VAE's likelihood bound; a GAN has none")
     elif "iwae_k" in changed and not cfg.evaluate:
         notes.append("--iwae-k: the IWAE bound is measured under --evaluate N only")
+    if cfg.sync_bn and entry is not None and not entry.batch_norm:
+        notes.append(f"--sync-bn: {cfg.model} has no batch norm to synchronise")
     if "tf32" in changed and device_type != "cuda":
         notes.append(f"--tf32 {cfg.tf32}: TensorFloat-32 is an NVIDIA GPU's; a CPU computes float32 in full")
     return notes

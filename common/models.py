@@ -25,6 +25,7 @@ class Model:
     stem: str                  # <stem>_pytorch.py, <stem>_tensorflow.py (the classic collection's names)
     aliases: tuple[str, ...] = ()
     images_only: str | None = None  # why the model refuses the 2-D mixtures; None: it takes them
+    batch_norm: bool = False   # its networks hold batch norm, which --sync-bn synchronises
 
     def script(self, framework: str) -> Path:
         return REPO / self.folder / f"{self.stem}_{framework}.py"
@@ -44,8 +45,8 @@ class Model:
 MODELS = {model.key: model for model in (
     Model("vanilla_gan", "GAN", "GAN/vanilla_gan", "gan", aliases=("gan",)),
     Model("lsgan", "GAN", "GAN/least_squares_gan", "lsgan"),
-    Model("dcgan", "GAN", "GAN/dcgan", "dcgan", images_only="DCGAN is convolutional"),
-    Model("wgan_gp", "GAN", "GAN/wgan_gp", "wgan_gp"),
+    Model("dcgan", "GAN", "GAN/dcgan", "dcgan", images_only="DCGAN is convolutional", batch_norm=True),
+    Model("wgan_gp", "GAN", "GAN/wgan_gp", "wgan_gp", batch_norm=True),  # DCGAN's G
     Model("vanilla_vae", "VAE", "VAE/vanilla_vae", "vae", aliases=("vae",),
           images_only="the VAE models images with a Bernoulli decoder"),
 )}

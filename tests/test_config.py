@@ -299,6 +299,22 @@ def test_flags_a_run_never_reads_are_named(model, argv, precision, device, notes
         assert unused_flags(parse_args(model, framework, argv), precision, device) == notes
 
 
+@pytest.mark.parametrize("model", list(models.MODELS))
+def test_sync_bn_on_a_model_without_batch_norm_is_named(model):
+    """The VAE under --distribute mirrored --sync-bn trained with no word that the flag did
+    nothing. The registry's batch_norm is checked against the networks themselves."""
+    import torch
+
+    entry = models.MODELS[model]
+    networks = entry.module("pytorch").build_networks((1, 28, 28), 8)
+    has_batch_norm = any(isinstance(layer, torch.nn.modules.batchnorm._BatchNorm)
+                         for network in networks.values() for layer in network.modules())
+    assert entry.batch_norm == has_batch_norm
+    cfg = parse_args(model, "tensorflow", ["--distribute", "mirrored", "--replicas", "2", "--sync-bn"])
+    notes = unused_flags(cfg, "fp32", "cpu")
+    assert notes == ([] if has_batch_norm else [f"--sync-bn: {model} has no batch norm to synchronise"])
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_a_run_notes_the_flags_it_ignores(framework, tmp_path, capsys):
     from GAN.vanilla_gan import gan_pytorch, gan_tensorflow
