@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import evaluation, flags
-from common.config import MAX_EVAL_DRAWS, MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE
+from common.config import MAX_EVAL_DRAWS, MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, RunConfig
 from common.errors import UsageError, exit_on_user_error
 
 
@@ -38,11 +38,14 @@ def main(argv=None) -> int:
     parser = flags.OneLineErrorParser(description=flags.first_paragraph(__doc__))
     parser.add_argument("runs", nargs="*", type=flags.path, help="run folders")
     parser.add_argument("--samples", type=flags.int_in(MIN_EVALUATE, MAX_EVALUATE), default=10_000,
-                        help="generated samples per run")
-    parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K), help="VAE: importance samples per test image")
+                        help="generated samples per run (default 10,000); for the VAE also the test images "
+                             "its ELBO and IWAE bounds take")
+    parser.add_argument("--iwae-k", type=flags.int_in(1, MAX_IWAE_K),
+                        help=f"VAE: importance samples per test image (default {RunConfig.iwae_k}, the scripts' "
+                             "default, whatever the run was measured with: the bound's key, test_iwae_kK, names it)")
     parser.add_argument("--draws", type=flags.int_in(1, MAX_EVAL_DRAWS), default=1,
                         help="also measure on N-1 other draws of noise and print each metric's mean "
-                             "and range over the N (the first draw is the run's own)")
+                             "and range over the N (the first draw is the run's own; default 1)")
     parser.add_argument("--device", choices=("cpu", "cuda"),
                         help="reopen the runs on this device, not the one each trained on (a run trained on "
                              "a GPU, evaluated where there is none: the same z, the device's rounding)")
@@ -53,7 +56,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.runs and not args.floor:
         raise UsageError("name at least one run folder, or --floor")
-    measured_images = False
+    given = [name for name, value in (("--iwae-k", args.iwae_k), ("--draws", args.draws > 1),
+                                      ("--device", args.device), ("--save-samples", args.save_samples)) if value]
+    if given and not args.runs:  # silence would pass for an effect
+        print(f"note: {', '.join(given)}: a run's evaluation reads {'them' if len(given) > 1 else 'it'}, and --floor "
+              "names no run: ignored")
+    measured_images = measured_bounds = False
     for folder in args.runs:  # all of them before the first is measured
         evaluation.check_evaluable(folder)
     for folder in args.runs:
@@ -66,6 +74,9 @@ def main(argv=None) -> int:
         elif args.draws > 1:
             print(f"{folder}: no draws recorded (no sample metric, or a draw's samples held inf/NaN: see above)")
         measured_images |= "fid" in results
+        measured_bounds |= "test_elbo" in results
+    if args.iwae_k and args.runs and not measured_bounds:
+        print("note: --iwae-k: the VAE's likelihood bound; none of these runs is a VAE: ignored")
     if args.floor or measured_images:  # every FID is read against the floor at its sample count
         floor = evaluation.real_data_floor(args.samples)
         print(f"real-data floor, {floor['samples']} MNIST training images vs as many test images: "

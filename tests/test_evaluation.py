@@ -4,6 +4,7 @@ runs of both frameworks."""
 import json
 import math
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -809,3 +810,23 @@ def test_evaluate_script_prints_the_floor_when_any_run_measured_images_not_only_
     assert "real-data floor, 100 MNIST training images vs as many test images: fid 2.5" in capsys.readouterr().out
     assert evaluate_script.main([str(ring), "--samples", "100"]) == 0
     assert "real-data floor" not in capsys.readouterr().out  # no image measured: no floor
+
+
+def test_evaluate_names_the_flags_it_ignored(tmp_path, monkeypatch, capsys):
+    """--floor alone took --draws, --device and --save-samples without a word, and GAN runs
+    took --iwae-k, whose bound is the VAE's."""
+    from scripts import evaluate
+
+    assert evaluate.main(["--floor", "--samples", "10", "--draws", "3", "--save-samples"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("note: --draws, --save-samples: a run's evaluation reads them, and --floor names no "
+                          "run: ignored\n"), out
+    measured = {"vae": {"test_elbo": -90.0, "samples": 10}, "gan": {"fid": 9.0, "samples": 10}}
+    monkeypatch.setattr(evaluation, "check_evaluable", lambda folder: None)
+    monkeypatch.setattr(evaluation, "evaluate_run", lambda folder, *args: dict(measured[Path(folder).name]))
+    monkeypatch.setattr(evaluation, "real_data_floor", lambda samples: {"samples": samples, "fid": 1.0})
+    for runs, noted in ((["gan"], True), (["gan", "vae"], False)):
+        assert evaluate.main([*(str(tmp_path / run) for run in runs), "--samples", "10", "--iwae-k", "5"]) == 0
+        said = "note: --iwae-k: the VAE's likelihood bound; none of these runs is a VAE: ignored"
+        assert (said in capsys.readouterr().out) == noted
+
