@@ -120,7 +120,14 @@ def start_from(source: str, model: str, modules: dict, import_into, sample_shape
     path = Path(source)
     if path.is_dir():
         path = path / INITIAL_WEIGHTS
-    networks, meta = load_weights(path)
+    try:
+        networks, meta = load_weights(path)
+    except CheckpointError as error:
+        if "is not a readable weights file" not in str(error):
+            raise
+        # a checkpoint (the step's training state, in one framework's format) is the likeliest
+        raise CheckpointError(f"{error}; --init-from takes a run folder or its {INITIAL_WEIGHTS} "
+                              "(the step-0 weights, in either framework), not a checkpoint") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"--init-from {path} has no valid meta (a JSON {type(meta).__name__})")
     # The model first: another model's weights fail every later check too, and those would

@@ -71,6 +71,10 @@ def test_init_from_refuses_what_does_not_fit(tmp_path, capsys):
     refused("no weights file", "--init-from", str(tmp_path / "missing"))
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     refused("not a readable weights file", "--init-from", str(tmp_path / "junk.npz"))
+    # a checkpoint, the likeliest wrong file: what --init-from takes instead is named
+    (checkpoint,) = (tmp_path / "gan" / "checkpoints").glob("step_*")
+    refused("; --init-from takes a run folder or its initial_weights.npz (the step-0 weights, in either framework), "
+            "not a checkpoint", "--init-from", str(checkpoint))
     refused("data shaped (28, 28, 1), this run's data is (2,)",
             "--init-from", str(tmp_path / "gan"), "--dataset", "ring8")
     with pytest.raises(SystemExit) as exit_info:  # the model named, not a layer that does not fit
