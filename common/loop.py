@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shlex
 import signal
 import statistics
 import sys
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 from common import cpu, porting, sampling
 from common.config import SCALE_WARN_WINDOW, RunConfig
 from common.distributed import OneProcess, Replicas
-from common.errors import CheckpointError, UserError, escaped_line_breaks
+from common.errors import CheckpointError, Interrupted, UserError, escaped_line_breaks
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
 from common.runs import BatchOrder, Checkpoints, RunFolder, not_a_folder, read_json
@@ -676,7 +677,15 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             log(f"evaluation samples in {run.write_eval_samples(samples, step, cfg.seed)}")
         if cfg.save_samples:  # an earlier evaluation's, which samples with inf/NaN would leave behind
             run.eval_samples.unlink(missing_ok=True)
-        summary["metrics"] = session.evaluate(cfg, keep if cfg.save_samples else None)
+        try:
+            summary["metrics"] = session.evaluate(cfg, keep if cfg.save_samples else None)
+        except KeyboardInterrupt:  # the training is done and checkpointed: say how to measure it later
+            from common.evaluation import iwae_flags
+
+            command = shlex.join(["python", "scripts/evaluate.py", str(run.path), "--samples", str(cfg.evaluate),
+                                  *iwae_flags(cfg.model, cfg.iwae_k)])
+            raise Interrupted(f"interrupted while evaluating; the run is trained and saved at step {step}: "
+                              f"{command} measures it") from None
         summary.pop("metrics_over_draws", None)  # an earlier evaluation's
         if "draws" in summary["metrics"]:  # --eval-draws: each draw's figures
             summary["metrics_over_draws"] = summary["metrics"].pop("draws")

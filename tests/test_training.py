@@ -746,6 +746,24 @@ def test_a_stop_signal_to_every_process_stops_a_run_with_data_loader_workers_cle
     assert 0 < step < 200000
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_ctrl_c_while_evaluating_names_the_command_that_measures_the_saved_run(framework, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """The training is finished and checkpointed when its evaluation starts: a Ctrl-C there said
+    only "interrupted", as if the run were lost."""
+    module = __import__(f"common.{framework}.session", fromlist=["Session"])
+
+    def interrupted(self, cfg, keep=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module.Session, "evaluate", interrupted)
+    out = tmp_path / "my run"
+    err = expect_exit(130, "", capsys, framework, out, "--iters", "2", "--evaluate", "100")
+    assert err == (f"error: interrupted while evaluating; the run is trained and saved at step 2: python "
+                   f"scripts/evaluate.py '{out}' --samples 100 measures it"), err
+    assert [step for step, _ in RunFolder(out).list_checkpoints()] == [2]
+
+
 def nan_losses_then_ctrl_c(framework, monkeypatch, nan_from: int, ctrl_c_at: int):
     """The session's train_step reports NaN losses from its `nan_from`th call on, counted over
     the test's runs (the weights stay finite, as in float16 steps a loss scaler skips), and
