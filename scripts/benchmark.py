@@ -42,6 +42,7 @@ Written: <out>/benchmark.md and benchmark.json (default --out runs/benchmark).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -124,6 +125,16 @@ def script_flags(model: str, framework: str, precision: str, compiled: bool, wor
             "--workers", str(workers), *distribute, *args.flags]
 
 
+@functools.cache
+def torch_sees_a_gpu() -> bool:
+    """Asked only for --device cuda: each PyTorch configuration's process started, loaded its
+    data and failed in turn (TensorFlow, which the CPU build of PyTorch does not speak for,
+    answers in its own runs)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_other_flags(configurations: list[tuple], args) -> dict[tuple, str]:
     """The flags handed on, checked before the first run as each model script reads them: a
     typo made every configuration fail in turn, and the empty table replaced the last one.
@@ -144,6 +155,8 @@ def check_other_flags(configurations: list[tuple], args) -> dict[tuple, str]:
         try:  # an unknown flag or a bad value: the script's parser's one line, exit 2, at once
             cfg = parse_args(*configuration[:2], script_flags(*configuration, args))
             _, framework, *_, replicas = configuration
+            if cfg.device == "cuda" and framework == "pytorch" and not torch_sees_a_gpu():
+                raise UsageError("--device cuda, but PyTorch sees no CUDA GPU; use --device cpu")
             if replicas > 1 and framework == "pytorch":  # torchrun's replicas: the script checks once started
                 check_batch_among_replicas(cfg, replicas)
         except UsageError as error:

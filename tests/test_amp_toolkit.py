@@ -698,6 +698,22 @@ def test_benchmark_checks_the_flags_it_hands_on_before_running_anything(flags, m
     assert scripts.commands == [] and (tmp_path / "benchmark.md").read_text() == "the last benchmark\n"
 
 
+def test_benchmark_refuses_pytorch_rows_on_cuda_without_a_gpu_before_running_anything(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Each PyTorch row started its process, loaded its data and failed in turn, one line each."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    monkeypatch.setattr(benchmark, "torch_sees_a_gpu", lambda: False)  # a GPU machine too
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--models", "vanilla_gan", "--frameworks", "pytorch", "--precisions", "fp32", "amp-bf16",
+                        "--iters", "4", "--log-every", "2", "--out", str(tmp_path), "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err == ("error: vanilla_gan pytorch fp32 refused: --device cuda, but "
+                                                 "PyTorch sees no CUDA GPU; use --device cpu\n"), err
+    assert scripts.commands == []
+
+
 def test_benchmark_measures_the_others_when_a_script_refuses_one_configuration(tmp_path, capsys, monkeypatch):
     """--compiled with WGAN-GP (no double backward in torch.compile): the up-front check refused
     the whole benchmark; that configuration alone is refused, before anything runs."""
