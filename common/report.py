@@ -228,7 +228,7 @@ def sample_count_note(rows: list[dict]) -> str | None:
         return None
     folders = " ".join(shlex.quote(row["folder"]) for row in rows)
     return (f"The runs' metrics were measured on different numbers of samples ({' and '.join(map(str, counts))}): "
-            f"they do not compare; measure both on one with python scripts/evaluate.py --samples N {folders}")
+            f"they do not compare; measure both on the same count: python scripts/evaluate.py --samples N {folders}")
 
 
 REPORT_FILES = ("report.md", "samples.png", "losses.png", "table.md", "table.json")  # what write_report writes

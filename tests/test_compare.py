@@ -294,7 +294,7 @@ def test_the_report_says_when_the_runs_metrics_were_measured_on_different_sample
     report.write_report(sides, tmp_path / "report", "t", "cmd")
     quoted = f"'{sides[0].run.path}' {sides[1].run.path}"  # a folder with a space, as a shell reads it
     note = ("The runs' metrics were measured on different numbers of samples (20 and 10): they do not compare; "
-            f"measure both on one with python scripts/evaluate.py --samples N {quoted}")
+            f"measure both on the same count: python scripts/evaluate.py --samples N {quoted}")
     assert note in (tmp_path / "report" / "report.md").read_text().splitlines()
     sides[1].summary["metrics"]["samples"] = 20
     report.write_report(sides, tmp_path / "report", "t", "cmd")
