@@ -28,7 +28,7 @@ from common.distributed import OneProcess, Replicas
 from common.errors import CheckpointError, Interrupted, UserError, escaped_line_breaks
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
-from common.runs import BatchOrder, Checkpoints, RunFolder, not_a_folder, read_json
+from common.runs import BatchOrder, Checkpoints, RunFolder, atomic_write, profile_folder_problem, read_json, text_bytes
 from common.tensorboard import Board, Writer
 
 
@@ -436,7 +436,7 @@ class ProfileWindow:
                     f"{self.first + PROFILED_STEPS} profiles all of it")
             self.first = None
         # now, not when the window ends: its steps since the last checkpoint were lost with it
-        if self.first is not None and (problem := not_a_folder(run.path / "profile")):
+        if self.first is not None and (problem := profile_folder_problem(run.path / "profile")):
             raise problem
 
     def before(self, step: int):
@@ -459,7 +459,7 @@ class ProfileWindow:
             folder = self.run.path / "profile"
             operations, trace = self.session.profiler.stop(folder)
             table = format_top_ops(operations, self.step - self.first, self.session.profiler.clock)
-            (folder / "top_ops.txt").write_text(table + "\n")
+            atomic_write(folder / "top_ops.txt", lambda file: file.write(text_bytes(table + "\n")), durable=False)
             self.log(f"{table}\nprofile: {trace}")
 
     def __enter__(self):

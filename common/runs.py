@@ -166,6 +166,26 @@ def not_a_folder(folder: Path) -> UserError | None:
     return None
 
 
+# What --profile writes in profile/: files it replaces, and folders the profilers write into
+PROFILE_FILES = ("top_ops.txt", "trace.json")        # ours; PyTorch's Chrome trace
+PROFILE_FOLDERS = ("plugins", "plugins/profile")     # TensorFlow's trace, one folder per window
+
+
+def profile_folder_problem(folder: Path) -> UserError | None:
+    """The error for a profile/ that a --profile window would fail on when it ends, its steps
+    since the last checkpoint lost with it (a folder where a file goes, a file where a folder
+    goes), or write through, outside the run (a link)."""
+    if problem := not_a_folder(folder):
+        return problem
+    for name, want_folder in (*((name, False) for name in PROFILE_FILES), *((name, True) for name in PROFILE_FOLDERS)):
+        path = folder / name
+        if path.is_symlink() or (path.exists() and path.is_dir() != want_folder):
+            what = "a link" if path.is_symlink() else "a folder" if path.is_dir() else "not a folder"
+            return UserError(f"{path} is {what}, where --profile writes its {'traces' if want_folder else name}: "
+                             "move it out of the run folder, or use --out for a new run")
+    return None
+
+
 def continue_flags(folder: Path, summary: dict, again: str) -> list[str]:
     """How a script that drives the model scripts (compare.py --reuse, quality_table.py) takes
     an unfinished run with `summary` ({} without one) on toward its --iters:
