@@ -12,7 +12,8 @@ tests/test_feature_net.py checks that the two agree.
 Reproducible: fixed seed, deterministic algorithms, CPU, one thread. Trains on the 60,000
 MNIST training images (the embedded copy), reports accuracy on all 10,000 test images, and
 writes common/assets/mnist_feature_net.npz (plain float32 arrays) atomically. Exits with status
-1 and keeps any existing weights if test accuracy is below 99%. Only that run, with its default
+1 and keeps any existing weights if test accuracy is below 99% (on all 10,000 test images,
+whatever --test-limit). Only that run, with its default
 flags, writes the committed weights: under --amp, --data-limit, --test-limit, a non-CPU --device,
 --result-json, or another --epochs, --batch-size, --lr, --seed or --tf32 the weights are written
 only to an explicit --out (same 99% gate).
@@ -50,7 +51,8 @@ from common.pytorch import runtime as torch_runtime
 from common.runs import atomic_write, refuse_inside_a_run, text_bytes
 from scripts.benchmark import PRECISION_FLAGS
 
-MIN_TEST_ACCURACY = 0.99
+MIN_TEST_ACCURACY = 0.99  # on all MNIST_TEST_IMAGES, whatever --test-limit: the gate for writing weights
+MNIST_TEST_IMAGES = 10_000
 TABLE_PRECISIONS = {"amp": ["--amp"], **PRECISION_FLAGS}  # amp: --amp's own choice for the device
 
 
@@ -211,6 +213,12 @@ def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, dict]:
         test_accuracy = accuracy(net, test_inputs, test_labels, runtime)
         print(f"epoch {epoch + 1}/{args.epochs}: {epoch_seconds[-1]:.2f} s, train loss "
               f"{total_loss.item() / len(order):.4f}, test accuracy {test_accuracy:.4f}", flush=True)
+    gate_accuracy = test_accuracy
+    if test_limit is not None and weights_destination(args) is not None:
+        # the gate that admits weights takes every test image: one image of a net 22% accurate passed it
+        full = datasets.load_dataset("mnist", split="test")
+        gate_accuracy = accuracy(net, network_input_tensor(full.x).to(device), torch.from_numpy(full.y).to(device),
+                                 runtime)
     machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
                else f"{cpu.summary()}, {torch.get_num_threads()} thread(s)")
     return net, {"precision": runtime.precision, "tf32": args.tf32 if device.type == "cuda" else "-",
@@ -218,7 +226,7 @@ def train(args: argparse.Namespace) -> tuple[MnistFeatureNet, dict]:
                  "torch": torch.__version__, "epochs": args.epochs, "batch_size": args.batch_size,
                  "train_images": len(inputs), "test_images": len(test_inputs), "epoch_seconds": epoch_seconds,
                  "median_epoch_s": statistics.median(epoch_seconds), "peak_memory_mb": runtime.peak_memory_mb(),
-                 "test_accuracy": test_accuracy}
+                 "test_accuracy": test_accuracy, "gate_accuracy": gate_accuracy}
 
 
 def markdown(results: list[dict]) -> str:
@@ -296,11 +304,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"weights not written: only the reproducible run (its default flags: float32, CPU, all the data) "
               f"replaces {DEFAULT_WEIGHTS.name}; pass --out PATH to keep these")
         return
-    if result["test_accuracy"] < MIN_TEST_ACCURACY:
-        raise UserError(f"test accuracy {result['test_accuracy']:.4f} is below {MIN_TEST_ACCURACY}; "
-                        "weights not saved, train longer with --epochs")
+    if result["gate_accuracy"] < MIN_TEST_ACCURACY:
+        raise UserError(f"test accuracy {result['gate_accuracy']:.4f} on all {MNIST_TEST_IMAGES:,} test images is "
+                        f"below {MIN_TEST_ACCURACY}; weights not saved, train longer with --epochs")
     buffer = io.BytesIO()
-    np.savez(buffer, **state_to_arrays(net), meta_test_accuracy=np.float64(result["test_accuracy"]))
+    np.savez(buffer, **state_to_arrays(net), meta_test_accuracy=np.float64(result["gate_accuracy"]))
     destination.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(destination, lambda file: file.write(buffer.getvalue()))
     print(f"wrote {destination}")

@@ -260,7 +260,13 @@ def test_the_accuracy_gate_still_guards_an_explicit_out(training_script, tmp_pat
     with pytest.raises(SystemExit) as exit_info:
         training_script.main(TINY + ["--out", str(explicit)])
     assert exit_info.value.code == 1 and not explicit.exists()
-    assert "below 0.99; weights not saved" in capsys.readouterr().err
+    assert "on all 10,000 test images is below 0.99; weights not saved" in capsys.readouterr().err
+    # ...on every test image, whatever --test-limit: one image right of a net 22% accurate passed it
+    one_right = TINY + ["--test-limit", "1", "--out", str(explicit)]
+    with pytest.raises(SystemExit) as exit_info:
+        training_script.main(one_right)
+    assert exit_info.value.code == 1 and not explicit.exists()
+    assert "on all 10,000 test images is below 0.99" in capsys.readouterr().err
 
 
 def test_precisions_print_the_side_by_side_table(training_script, tmp_path, capfd):
