@@ -36,8 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, whatever is installed
 
 from common import cpu, models, quiet
-from common.errors import exit_on_user_error
-from common.flags import OneLineErrorParser, first_paragraph, int_in
+from common.errors import UsageError, exit_on_user_error
+from common.flags import OneLineErrorParser, first_paragraph, int_in, repeated_values_problem
 
 SECOND_WEIGHT = 0.333984375  # 1/3 to bfloat16's precision: exact in bfloat16, so only the sum is rounded
 # Bounds of --count and --batch: an absurd value (an extra zero) ends in a message, not numpy's traceback
@@ -241,6 +241,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int_in(1, MAX_BATCH), default=64,
                         help=f"the layers' batch (the models' default: 64; at most {MAX_BATCH:,})")
     args = parser.parse_args(argv)
+    if problem := repeated_values_problem("--frameworks", args.frameworks):  # every row twice
+        raise UsageError(problem)
     pairs, exact = sample_pairs(args.count)
     rows = [row for framework in args.frameworks for row in measure(framework, pairs, exact)]
     print(f"CPU: {cpu.summary()}\n")

@@ -124,6 +124,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.precisions:
         if problem := flags.repeated_values_problem("--precisions", args.precisions):
             raise UsageError(problem)
+        ran = {precision: precision_run(precision, args.device) for precision in args.precisions}
+        same = [name for name in ran if list(ran.values()).count(ran[name]) > 1]  # amp and amp-bf16 on a CPU
+        if same:
+            raise UsageError(f"--precisions {' and '.join(same)} are one precision here ({ran[same[0]]}): "
+                             "each is one run and one row")
         clashing = [flag for flag, value in (("--amp", args.amp), ("--out", args.out),
                                              ("--result-json", args.result_json)) if value]
         if clashing:
@@ -246,12 +251,23 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def on_gpu(device: str) -> bool:
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def precision_run(precision: str, device: str) -> str:
+    """The precision a --precisions name runs in on this device: amp is bfloat16 on a CPU,
+    float16 on a GPU; TensorFloat-32 exists on a GPU only."""
+    if precision == "amp":
+        return "amp-fp16" if on_gpu(device) else "amp-bf16"
+    return "fp32" if precision == "fp32-tf32" and not on_gpu(device) else precision
+
+
 def table_flags(precision: str, device: str) -> list[str]:
     """A row's precision flags; --tf32 only where a GPU computes (a CPU run noted it as
     ignored, a flag the user never gave)."""
     row = TABLE_PRECISIONS[precision]
-    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if on_gpu or "--tf32" not in row:
+    if on_gpu(device) or "--tf32" not in row:
         return row
     at = row.index("--tf32")
     return row[:at] + row[at + 2:]

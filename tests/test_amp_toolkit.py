@@ -1229,7 +1229,8 @@ def test_bf16_rounding_script_measures_both_frameworks_casts_as_rounded_to_neare
     layers = [line for line in layers_table.splitlines() if line.startswith(("| pytorch", "| tensorflow"))]
     assert "layer (batch 2)" in layers_table and len(layers) == 3 * 3  # PyTorch eager, TensorFlow eager and XLA
     for flags, message in ((["--count", "10"], "--count: must be from 1,000 to 100,000,000, got 10"),
-                           (["--batch", "0"], "--batch: must be from 1 to 16,384, got 0")):
+                           (["--batch", "0"], "--batch: must be from 1 to 16,384, got 0"),
+                           (["--frameworks", "pytorch", "pytorch"], "--frameworks names pytorch more than once")):
         with pytest.raises(SystemExit) as exit_info:
             bf16_rounding.main(flags)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err

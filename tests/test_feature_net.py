@@ -313,6 +313,13 @@ def test_a_precision_named_twice_is_refused_before_any_run(training_script, caps
         training_script.main(["--precisions", "fp32", "amp", "fp32"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: --precisions names fp32 more than once: each is one run and one row\n"
+    # two names of one precision on a CPU: two identical rows
+    for names, runs_as in ((["amp", "amp-bf16"], "amp-bf16"), (["fp32-tf32", "fp32"], "fp32")):
+        with pytest.raises(SystemExit) as exit_info:
+            training_script.main(["--precisions", *names, "--device", "cpu"])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err == (f"error: --precisions {names[0]} and {names[1]} are one precision here "
+                                           f"({runs_as}): each is one run and one row\n")
 
 
 @pytest.mark.parametrize("flags", [["--result-json", "{weights}", "--out", "{weights}"],
