@@ -704,6 +704,8 @@ class RunFolder:
     def read_finished(self, hint: str = "") -> tuple[dict, dict]:
         """config.json and summary.json of a finished run (its framework, precision and step);
         one UserError line, ending in `hint` (what to do), otherwise."""
+        if (self.path.exists() or self.path.is_symlink()) and not self.path.is_dir():  # its config.json, say
+            raise UserError(f"{self.path} is not a folder: name the run's folder")
         for name in ("config.json", "summary.json"):
             if not (self.path / name).exists():
                 raise UserError(f"{self.path} is not a finished run (no {name})")

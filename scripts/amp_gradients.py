@@ -104,13 +104,13 @@ def load_checkpoint_weights(path: Path, framework: str, keras_script, torch_netw
     """The networks of a checkpoint (not its averages or optimizers) into `torch_networks`:
     loaded as they are from a PyTorch one, ported from a TensorFlow one. Read as the runs'
     own restore reads them: no pickled code (weights_only, allow_pickle=False)."""
-    if framework == "pytorch":
-        try:
+    try:  # both frameworks' refusals say which flag they are about
+        if framework == "pytorch":
             state = load_tensors(path)
-        except CheckpointError as error:
-            raise CheckpointError(f"--weights: {error}") from None
-    else:
-        check_regular_file(path, "checkpoint")
+        else:
+            check_regular_file(path, "checkpoint")
+    except CheckpointError as error:
+        raise CheckpointError(f"--weights: {error}") from None
     try:
         if framework == "pytorch":
             modules = state["modules"]

@@ -1438,6 +1438,7 @@ def test_amp_gradients_refuses_runs_it_cannot_measure_in_one_line(tmp_path, caps
         assert exit_info.value.code not in (0, None) and len(err.splitlines()) == 1 and message in err, err
 
     refused(["--weights", str(tmp_path)], "not a finished run")
+    refused(["--weights", str(run / "config.json")], f"{run / 'config.json'} is not a folder: name the run's folder")
     refused(["--weights", str(run), "--model", "dcgan"], "leave --model and --width out")
     refused(["--weights", str(run), "--width", "16"], "leave --model and --width out")
     settings = (run / "config.json").read_text()
@@ -1486,6 +1487,16 @@ def lsgan_run_with_edited_weights(tmp_path, framework, edit):
                 arrays[key] = edit(key.split("/")[1], key, value)
         np.savez(checkpoint, **arrays)
     return run, checkpoint
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_amp_gradients_names_its_flag_for_a_checkpoint_that_is_no_file_in_both_frameworks(framework, tmp_path,
+                                                                                           capsys):
+    run, checkpoint = lsgan_run_with_edited_weights(tmp_path, framework, lambda name, key, array: array)
+    checkpoint.unlink()
+    checkpoint.mkdir()
+    assert amp_gradients_refusal(run, capsys) == f"error: --weights: checkpoint {checkpoint} is not a regular file; " \
+                                                  "remove it or name another"
 
 
 def amp_gradients_refusal(run, capsys) -> str:
