@@ -795,24 +795,39 @@ def _load_cifar10(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 # 16-bit grayscale, as Pillow opens a 16-bit PNG: scaled to 8 bits, where Pillow's convert()
 # would clip every value above 255 to white
 GRAY_16_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+# 1-bit, 8-bit and gray with alpha (dropped): one channel each
+GRAY_MODES = ("1", "L", "LA", *GRAY_16_BIT_MODES)
+
+
+def _is_grayscale(image: Image.Image) -> bool:
+    """A grayscale image, from its header: a gray mode, or a palette (a GIF's, an 8-bit PNG's)
+    of grays only, which Pillow reads without decoding the pixels."""
+    if image.mode in GRAY_MODES:
+        return True
+    palette = image.palette if image.mode == "P" else None
+    if palette is None or palette.mode not in ("RGB", "RGBA"):
+        return False
+    colors, step = palette.palette, len(palette.mode)
+    return all(colors[i] == colors[i + 1] == colors[i + 2] for i in range(0, len(colors) - 2, step))
 
 
 def _load_image_folder(root: Path, image_size: int | None, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Images become RGB unless every one is grayscale (8-bit "L", or 16-bit scaled to 8),
-    which keeps one channel. Without image_size all images must share one size; with it each
-    is centre-cropped to a square and resized. Every image's header is read (the channels and
-    the size are the whole folder's), but only the first `limit` images are decoded."""
+    """Images become RGB unless every one is grayscale (1-, 8- or 16-bit (scaled to 8), gray with
+    alpha, or a palette of grays), which keeps one channel. Without image_size all images must
+    share one size; with it each is centre-cropped to a square and resized. Every image's header
+    is read (the channels and the size are the whole folder's), but only the first `limit`
+    images are decoded."""
     files = _list_image_files(root)
-    modes_and_sizes = []
+    grays_and_sizes = []
     for path, _ in files:
         with _open_image(path) as image:  # opening reads only the header
-            modes_and_sizes.append((image.mode, image.size))
-    grayscale = all(mode == "L" or mode in GRAY_16_BIT_MODES for mode, _ in modes_and_sizes)
+            grays_and_sizes.append((_is_grayscale(image), image.size))
+    grayscale = all(gray for gray, _ in grays_and_sizes)
     if image_size is not None:
         height = width = image_size
     else:
-        (width, height), first = modes_and_sizes[0][1], files[0][0]
-        for (path, _), (_, size) in zip(files, modes_and_sizes):
+        (width, height), first = grays_and_sizes[0][1], files[0][0]
+        for (path, _), (_, size) in zip(files, grays_and_sizes):
             if size != (width, height):
                 raise DataError(
                     f"{root} holds images of different sizes ({first.relative_to(root)} is {width}x{height}, "

@@ -670,6 +670,24 @@ def test_folder_mixing_grayscale_and_rgb_becomes_rgb(tmp_path):
         np.testing.assert_array_equal(dataset.x[0, :, :, channel], gray)
 
 
+def test_one_bit_gray_with_alpha_and_gray_palette_images_keep_one_channel(tmp_path):
+    """Only 8- and 16-bit gray kept one channel: a folder of 1-bit PNGs, or one gray-with-alpha
+    image among them, trained as 3 identical channels (3x G's last layer, RGB samples)."""
+    gray = random_pixels((6, 6), 0)
+    Image.fromarray(gray > 127).save(tmp_path / "a.png")                          # "1"
+    Image.fromarray(np.stack([gray, gray], axis=-1), "LA").save(tmp_path / "b.png")  # gray + alpha
+    Image.fromarray(gray).convert("P").save(tmp_path / "c.png")                   # a palette of grays
+    assert [Image.open(tmp_path / name).mode for name in ("a.png", "b.png", "c.png")] == ["1", "LA", "P"]
+    dataset = load_dataset("folder", tmp_path)
+    assert dataset.x.shape == (3, 6, 6, 1)
+    np.testing.assert_array_equal(dataset.x[0, ..., 0], np.where(gray > 127, 255, 0))
+    np.testing.assert_array_equal(dataset.x[1, ..., 0], gray)  # the alpha dropped
+    np.testing.assert_array_equal(dataset.x[2, ..., 0], gray)
+    colour = random_pixels((6, 6, 3), 1)  # a palette of colours is colour
+    Image.fromarray(colour).convert("P", palette=Image.Palette.ADAPTIVE).save(tmp_path / "e.png")
+    assert load_dataset("folder", tmp_path).x.shape == (4, 6, 6, 3)
+
+
 def test_a_16_bit_grayscale_folder_is_scaled_to_8_bits(tmp_path):
     # Pillow's convert() clipped every value above 255: nearly every pixel came out white
     wide = np.arange(0, 65536, 1040, dtype=np.uint16)[:60].reshape(6, 10)
