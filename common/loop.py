@@ -221,7 +221,9 @@ def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, expo
         log(f"run folder: {run.path}")
         if run.version_change:
             log(run.version_change)
-        if not cfg.resume:
+        if cfg.resume:
+            porting.check_resumed_data(run.path, sample_shape)
+        else:
             porting.save_initial_weights(
                 run.path, {name: export_weights(network) for name, network in networks.items()},
                 {"model": cfg.model, "framework": cfg.framework, "seed": cfg.seed,

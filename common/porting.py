@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from common.data import read_npz_arrays
-from common.errors import CheckpointError, described
+from common.errors import CheckpointError, UserError, described
 from common.runs import atomic_write, check_regular_file
 
 WEIGHTS_FORMAT = 1
@@ -111,6 +111,21 @@ INITIAL_WEIGHTS = "initial_weights.npz"  # every fresh run writes its step-0 wei
 
 def save_initial_weights(run_path: Path, networks: dict[str, list[LayerWeights]], meta: dict):
     save_weights(Path(run_path) / INITIAL_WEIGHTS, networks, meta)
+
+
+def check_resumed_data(run_path: Path, sample_shape: tuple) -> None:
+    """Under --resume, the data's shape against the one the run started on (its initial
+    weights record it): images that changed channels or size failed in the checkpoint's
+    restore, as a checkpoint that "does not fit this model", worded by each framework."""
+    path = Path(run_path) / INITIAL_WEIGHTS
+    try:
+        started_on = load_weights(path)[1].get("sample_shape") if path.is_file() else None
+    except CheckpointError:  # unread, as before: the checkpoint's restore checks what it needs
+        return
+    if isinstance(started_on, list) and tuple(started_on) != tuple(sample_shape):
+        raise UserError(f"--resume: the data is shaped {tuple(sample_shape)}, and the run in {run_path} started on "
+                        f"{tuple(started_on)}: its images changed (channels or size); resume on the run's data, "
+                        "or train a new run (another --out)")
 
 
 def start_from(source: str, model: str, modules: dict, import_into, sample_shape: tuple) -> Path:

@@ -764,6 +764,30 @@ def test_a_ctrl_c_while_evaluating_names_the_command_that_measures_the_saved_run
     assert [step for step, _ in RunFolder(out).list_checkpoints()] == [2]
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_resume_on_images_of_another_shape_says_the_data_changed(framework, tmp_path, capsys):
+    """One RGB image added to a gray folder made the data 3-channel: the resume failed in the
+    checkpoint's restore, as a checkpoint that "does not fit this model", worded by each framework."""
+    from PIL import Image
+
+    data, out = tmp_path / "images", tmp_path / "run"
+    data.mkdir()
+    for index in range(8):
+        Image.fromarray(np.full((8, 8), index * 30, np.uint8)).save(data / f"{index}.png")
+    flags = ["--dataset", "folder", "--data-dir", str(data), "--width", "8", "--batch-size", "8",
+             "--no-tensorboard", "--sample-every", "0"]
+    SCRIPTS[framework].main(["--out", str(out), *flags, "--iters", "2"])
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(data / "colour.png")
+    settings = (out / "config.json").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        SCRIPTS[framework].main(["--out", str(out), *flags, "--iters", "4", "--resume"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and err == (
+        f"error: --resume: the data is shaped (8, 8, 3), and the run in {out} started on (8, 8, 1): its images "
+        "changed (channels or size); resume on the run's data, or train a new run (another --out)"), err
+    assert (out / "config.json").read_bytes() == settings
+
+
 def nan_losses_then_ctrl_c(framework, monkeypatch, nan_from: int, ctrl_c_at: int):
     """The session's train_step reports NaN losses from its `nan_from`th call on, counted over
     the test's runs (the weights stay finite, as in float16 steps a loss scaler skips), and
