@@ -35,7 +35,7 @@ from PIL import Image
 
 from common.config import RunConfig
 from common.errors import described
-from common.runs import RunFolder, markdown_row
+from common.runs import RunFolder, markdown_row, text_bytes
 
 SAMPLES_TAG = "samples"
 CONFIG_TAG = "run/config"
@@ -73,14 +73,16 @@ def metric_scalars(metrics: dict) -> dict[str, float]:
 
 
 def settings(config: dict) -> dict:
-    """config.json flattened ("versions.torch"): what run/config shows."""
+    """config.json flattened ("versions.torch"): what run/config shows. A path's undecodable
+    byte (a lone surrogate in Python) is written as its escape: events hold UTF-8 only, and
+    the writer failed on it, ending the run's events."""
     flat = {}
     for key, value in sorted(config.items()):
         if isinstance(value, dict):
             flat.update({f"{key}.{name}": inner for name, inner in sorted(value.items())})
         else:
             flat[key] = value
-    return flat
+    return {key: text_bytes(value).decode() if isinstance(value, str) else value for key, value in flat.items()}
 
 
 def config_text(config: dict) -> str:

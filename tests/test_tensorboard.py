@@ -116,6 +116,20 @@ def test_the_settings_table_keeps_a_path_with_a_bar_or_line_break_in_its_row():
                     "| model | vanilla_gan |", "| precision | fp32 |", "| versions.torch | 2 |"]
 
 
+def test_a_run_folder_named_with_an_undecodable_byte_keeps_its_tensorflow_events(tmp_path, capsys):
+    """A folder name's byte that is not UTF-8 (a lone surrogate in Python) ended the events of
+    the run in both frameworks. TensorFlow writes them now, the path escaped in run/config;
+    torch's writer encodes its folder's path as UTF-8, so PyTorch still warns once and trains on."""
+    out = tmp_path / "run_\udcff"
+    assert gan_tensorflow.main(["--out", str(out), *TINY, "--iters", "2", "--dataset", "ring8"]) is not None
+    assert "warning" not in capsys.readouterr().out
+    readable = out.rename(tmp_path / "renamed")  # TensorBoard's reader takes UTF-8 paths only
+    text = read_events(readable)["run/config"][1][0][1].item().decode()
+    assert "run_\\udcff |" in text, text
+    assert gan_pytorch.main(["--out", str(tmp_path / "torch_\udcff"), *TINY, "--iters", "2", "--dataset", "ring8"])
+    assert "warning: TensorBoard events could not be written (UnicodeEncodeError" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("framework", SCRIPTS)
 def test_a_resumed_run_continues_its_curves_without_duplicate_steps(framework, tmp_path):
     out = tmp_path / "run"

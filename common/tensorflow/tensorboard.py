@@ -3,6 +3,7 @@ and steps common/tensorboard.py decides. common/pytorch/tensorboard.py is the tw
 (torch.utils.tensorboard)."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ class Writer:
     torch's SummaryWriter(purge_step=...) writes)."""
 
     def __init__(self, folder: Path, purge_step: int):
-        self.writer = tf.summary.create_file_writer(str(folder))
+        self.writer = tf.summary.create_file_writer(os.fsencode(folder))  # bytes: a name's undecodable byte too
         restart = event_pb2.Event(step=purge_step, wall_time=time.time(),
                                   session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
         # tf.summary has no call for a raw event: the writer's own op writes it into its file
