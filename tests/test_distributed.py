@@ -193,33 +193,44 @@ def test_a_replica_slow_to_join_says_what_it_waits_for(joins_in_s, monkeypatch, 
     assert capsys.readouterr().err == (notice if joins_in_s else "")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_while_joining_ends_the_process_with_one_line(signum, tmp_path):
+@pytest.mark.parametrize("signum, reader_gone", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                                 (signal.SIGINT, True)])
+def test_a_signal_while_joining_ends_the_process_with_one_line(signum, reader_gone, tmp_path):
     """WORLD_SIZE left in the environment and no other replica: the join waits in C++, where
     Python's handlers do not run. Ctrl-C ended the process silently (the kernel's default),
-    and SIGTERM waited on: now each says one line and exits at once."""
+    and SIGTERM waited on: now each says one line and exits at once, even when the reader of
+    its stderr is gone (`| tee`, ended by the same Ctrl-C), where the line cannot be written."""
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
     command = [sys.executable, str(REPO / SCRIPTS["vanilla_gan"]), "--out", str(tmp_path / "run"), "--iters", "2",
                *FAST]
-    process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    stderr_read, stderr_written = os.pipe()
+    process = subprocess.Popen(command, cwd=REPO, env=env, stderr=stderr_written)
+    os.close(stderr_written)
+    err = b""
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # joining once the process group's store listens on MASTER_PORT
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", int(env["MASTER_PORT"]))) == 0:
                     break
-            assert process.poll() is None, process.stderr.read()
+            assert process.poll() is None, "the script ended before it joined"
             time.sleep(0.2)
         time.sleep(1.0)  # inside init_process_group, past the store's start
+        if reader_gone:
+            os.close(stderr_read)
         process.send_signal(signum)
-        err = process.communicate(timeout=30)[1]
+        process.wait(timeout=30)
+        if not reader_gone:
+            with os.fdopen(stderr_read, "rb") as reader:
+                err = reader.read()
     finally:
         process.kill()
         process.wait()
     assert process.returncode == 128 + signum, err
-    assert err.strip() == (f"error: interrupted ({signal.Signals(signum).name}) while joining the other replicas; "
-                           "nothing was trained"), err
+    if not reader_gone:
+        assert err.decode().strip() == (f"error: interrupted ({signal.Signals(signum).name}) while joining the other "
+                                        "replicas; nothing was trained"), err
     assert not (tmp_path / "run").exists()
 
 

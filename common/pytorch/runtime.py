@@ -255,10 +255,14 @@ def _signals_end_the_join(say: bool):
     def watch():
         while received := os.read(signals_read, 64):  # b"": the join has ended
             for signum in set(received) & {signal.SIGINT, signal.SIGTERM}:
-                if say:
-                    print(f"error: interrupted ({signal.Signals(signum).name}) while joining the other "
-                          "replicas; nothing was trained", file=sys.stderr, flush=True)
-                os._exit(128 + signum)
+                try:
+                    if say:
+                        print(f"error: interrupted ({signal.Signals(signum).name}) while joining the other "
+                              "replicas; nothing was trained", file=sys.stderr, flush=True)
+                except OSError:  # a reader gone from stderr (`| tee`, ended by the same Ctrl-C)
+                    pass
+                finally:
+                    os._exit(128 + signum)
 
     # the C handler writes the fd only for signals that have a Python handler
     previous = {signum: signal.signal(signum, lambda *args: None) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -272,9 +276,8 @@ def _signals_end_the_join(say: bool):
         os.close(signals_written)
         watcher.join()
         os.close(signals_read)
-        for signum, handler in previous.items():
-            if handler is not None:  # None: one not set from Python, which cannot be set back
-                signal.signal(signum, handler)
+        for signum, handler in previous.items():  # None: one set outside Python; the default ends the process
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def _leave():
