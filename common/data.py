@@ -800,14 +800,16 @@ GRAY_MODES = ("1", "L", "LA", *GRAY_16_BIT_MODES)
 
 
 def _is_grayscale(image: Image.Image) -> bool:
-    """A grayscale image, from its header: a gray mode, or a palette (a GIF's, an 8-bit PNG's)
-    of grays only, which Pillow reads without decoding the pixels."""
+    """A grayscale image, from its header: a gray mode, or a palette (a PNG's, a BMP's) of grays
+    only, which Pillow reads without decoding the pixels."""
     if image.mode in GRAY_MODES:
         return True
     palette = image.palette if image.mode == "P" else None
-    if palette is None or palette.mode not in ("RGB", "RGBA"):
+    # as the file stores it (a BMP's is BGRX, four bytes an entry), where mode says RGB
+    layout = palette and (palette.rawmode or palette.mode)
+    if layout not in ("RGB", "RGBA", "BGR", "BGRX", "RGBX"):
         return False
-    colors, step = palette.palette, len(palette.mode)
+    colors, step = palette.palette, len(layout)
     return all(colors[i] == colors[i + 1] == colors[i + 2] for i in range(0, len(colors) - 2, step))
 
 

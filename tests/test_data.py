@@ -686,6 +686,14 @@ def test_one_bit_gray_with_alpha_and_gray_palette_images_keep_one_channel(tmp_pa
     colour = random_pixels((6, 6, 3), 1)  # a palette of colours is colour
     Image.fromarray(colour).convert("P", palette=Image.Palette.ADAPTIVE).save(tmp_path / "e.png")
     assert load_dataset("folder", tmp_path).x.shape == (4, 6, 6, 3)
+    # ...a BMP's too, whose palette Pillow keeps as the file stores it, BGRX: black and red read
+    # with a step of 3 had passed for gray, red trained as gray 76
+    (tmp_path / "e.png").unlink()
+    red = Image.fromarray((gray > 127).astype(np.uint8), "L").convert("P")
+    red.putpalette([0, 0, 0, 255, 0, 0])
+    red.save(tmp_path / "f.bmp")
+    assert Image.open(tmp_path / "f.bmp").palette.rawmode == "BGRX"
+    assert load_dataset("folder", tmp_path).x.shape == (4, 6, 6, 3)
 
 
 def test_a_16_bit_grayscale_folder_is_scaled_to_8_bits(tmp_path):
