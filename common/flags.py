@@ -217,9 +217,11 @@ def output_files_problem(folder: Path, names) -> str | None:
 
 
 def repeated_values_problem(flag: str, values: list) -> str | None:
-    """A list flag that names a value twice, whose run would run and be tabled twice."""
+    """A list flag that names a value twice: what it names would be measured and tabled twice."""
     repeated = list(dict.fromkeys(str(value) for value in values if values.count(value) > 1))
-    return f"{flag} names {', '.join(repeated)} more than once: each is one run and one row" if repeated else None
+    if not repeated:
+        return None
+    return f"{flag} names {', '.join(repeated)} more than once: it would be measured and tabled twice"
 
 
 def _output(folder: bool):

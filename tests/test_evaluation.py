@@ -559,14 +559,14 @@ def test_quality_table_seeds_give_each_run_then_means_and_a_ratio_of_means(tmp_p
     with pytest.raises(SystemExit) as exit_info:
         quality_table.main([*argv[:-2], "3", "3"])
     err = capsys.readouterr().err.strip()
-    assert err == "error: --seeds names 3 more than once: each is one run and one row", err
+    assert err == "error: --seeds names 3 more than once: it would be measured and tabled twice", err
     for repeated, named in ((["--frameworks", "pytorch", "pytorch"], "pytorch"),
                             (["--precisions", "fp32", "amp", "fp32"], "fp32"),
                             (["--datasets", "mnist", "mnist"], "mnist")):  # each run twice in the table
         with pytest.raises(SystemExit) as exit_info:
             quality_table.main([*argv, *repeated, "--table-only"])
         err = capsys.readouterr().err.strip()
-        said = f"error: {repeated[0]} names {named} more than once: each is one run and one row"
+        said = f"error: {repeated[0]} names {named} more than once: it would be measured and tabled twice"
         assert exit_info.value.code == 2 and err == said, err
 
 

@@ -232,6 +232,7 @@ def test_float32_training_is_reproducible(training_script):
         np.testing.assert_array_equal(array, other, err_msg=name)
     assert first_result["test_accuracy"] == again_result["test_accuracy"]
     assert len(first_result["epoch_seconds"]) == 2 and first_result["peak_memory_mb"] > 0
+    assert first_result["gate_accuracy"] is None  # no weights to write: no gate ran
 
 
 def test_only_the_reproducible_run_writes_the_committed_weights(training_script, tmp_path, monkeypatch):
@@ -312,14 +313,17 @@ def test_a_precision_named_twice_is_refused_before_any_run(training_script, caps
     with pytest.raises(SystemExit) as exit_info:
         training_script.main(["--precisions", "fp32", "amp", "fp32"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == "error: --precisions names fp32 more than once: each is one run and one row\n"
-    # two names of one precision on a CPU: two identical rows
-    for names, runs_as in ((["amp", "amp-bf16"], "amp-bf16"), (["fp32-tf32", "fp32"], "fp32")):
+    said = "error: --precisions names fp32 more than once: it would be measured and tabled twice\n"
+    assert capsys.readouterr().err == said
+    # two names of one precision on a CPU: two identical rows; two such pairs are named apart
+    for given, names, runs_as in ((["amp", "amp-bf16"], ["amp", "amp-bf16"], "amp-bf16"),
+                                  (["fp32-tf32", "fp32"], ["fp32-tf32", "fp32"], "fp32"),
+                                  (["amp", "fp32", "amp-bf16", "fp32-tf32"], ["amp", "amp-bf16"], "amp-bf16")):
         with pytest.raises(SystemExit) as exit_info:
-            training_script.main(["--precisions", *names, "--device", "cpu"])
+            training_script.main(["--precisions", *given, "--device", "cpu"])
         assert exit_info.value.code == 2
         assert capsys.readouterr().err == (f"error: --precisions {names[0]} and {names[1]} are one precision here "
-                                           f"({runs_as}): each is one run and one row\n")
+                                           f"({runs_as}): it would be measured and tabled twice\n")
 
 
 @pytest.mark.parametrize("flags", [["--result-json", "{weights}", "--out", "{weights}"],
