@@ -184,8 +184,7 @@ class Monitor:
                 self.warned = True
                 self.log(f"warning: the loss scale has stayed below {self.cfg.min_loss_scale:g} for "
                          f"{last_step - self.low_scale_since + 1} steps (now {loss_scale:g}): float16 "
-                         "gradients keep overflowing; try --amp-dtype bfloat16, a lower --lr or "
-                         "--clip-grad-norm")
+                         f"gradients keep overflowing: {divergence_remedies('amp-fp16')}")
         else:
             self.low_scale_since = None
         return fields
@@ -222,7 +221,11 @@ def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, expo
         if run.version_change:
             log(run.version_change)
         if cfg.resume:
-            porting.check_resumed_data(run.path, sample_shape)
+            try:
+                porting.check_resumed_data(run.path, sample_shape)
+            except UserError:
+                run.unlock()  # now, as RunFolder.prepare's own refusals do
+                raise
         else:
             porting.save_initial_weights(
                 run.path, {name: export_weights(network) for name, network in networks.items()},
@@ -543,9 +546,19 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
     }
 
 
+def evaluate_command(cfg: RunConfig, run: RunFolder) -> str:
+    """scripts/evaluate.py measuring `run` as its --evaluate, --eval-draws and --save-samples asked."""
+    from common.evaluation import iwae_flags
+
+    draws = ["--draws", str(cfg.eval_draws)] if cfg.eval_draws > 1 else []
+    return shlex.join(["python", "scripts/evaluate.py", str(run.path), "--samples", str(cfg.evaluate),
+                       *iwae_flags(cfg.model, cfg.iwae_k), *draws, *(["--save-samples"] if cfg.save_samples else [])])
+
+
 def new_run_remedies(precision: str) -> str:
-    """What may keep the losses finite but --resume refuses: it keeps the learning rate and the
-    precision (config.RESUME_KEYS), and so diverges again, bit for bit; --clip-grad-norm it takes."""
+    """What may keep the losses finite but --resume refuses: it keeps the learning rate
+    (config.RESUME_KEYS) and the precision (RunFolder checks it), and so diverges again, bit for
+    bit; --clip-grad-norm it takes."""
     return "a lower --lr" + (" or --amp-dtype bfloat16" if precision == "amp-fp16" else "")
 
 
@@ -681,13 +694,11 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             run.eval_samples.unlink(missing_ok=True)
         try:
             summary["metrics"] = session.evaluate(cfg, keep if cfg.save_samples else None)
-        except KeyboardInterrupt:  # the training is done and checkpointed: say how to measure it later
-            from common.evaluation import iwae_flags
-
-            command = shlex.join(["python", "scripts/evaluate.py", str(run.path), "--samples", str(cfg.evaluate),
-                                  *iwae_flags(cfg.model, cfg.iwae_k)])
-            raise Interrupted(f"interrupted while evaluating; the run is trained and saved at step {step}: "
-                              f"{command} measures it") from None
+        except KeyboardInterrupt:
+            if step == start_step:  # nothing trained here (evaluate.py's child): its caller says what to do
+                raise
+            raise Interrupted(f"interrupted while evaluating; the run is saved at step {step}: "
+                              f"{evaluate_command(cfg, run)} measures it") from None
         summary.pop("metrics_over_draws", None)  # an earlier evaluation's
         if "draws" in summary["metrics"]:  # --eval-draws: each draw's figures
             summary["metrics_over_draws"] = summary["metrics"].pop("draws")

@@ -118,10 +118,13 @@ def check_resumed_data(run_path: Path, sample_shape: tuple) -> None:
     weights record it): images that changed channels or size failed in the checkpoint's
     restore, as a checkpoint that "does not fit this model", worded by each framework."""
     path = Path(run_path) / INITIAL_WEIGHTS
-    try:
-        started_on = load_weights(path)[1].get("sample_shape") if path.is_file() else None
-    except CheckpointError:  # unread, as before: the checkpoint's restore checks what it needs
+    if not path.is_file():  # a run from before they were saved (or a FIFO, which would block the read)
         return
+    try:  # the meta alone; a file that cannot tell is left to the checkpoint's restore, as before
+        meta = json.loads(str(read_npz_arrays(path, keep=lambda key: key == "meta")["meta"]))
+    except Exception:  # noqa: BLE001 - damaged or not this format: zip, key and JSON errors alike
+        return
+    started_on = meta.get("sample_shape") if isinstance(meta, dict) else None
     if isinstance(started_on, list) and tuple(started_on) != tuple(sample_shape):
         raise UserError(f"--resume: the data is shaped {tuple(sample_shape)}, and the run in {run_path} started on "
                         f"{tuple(started_on)}: its images changed (channels or size); resume on the run's data, "

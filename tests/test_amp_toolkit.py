@@ -121,6 +121,9 @@ def test_a_low_loss_scale_is_warned_about_once(tmp_path):
                                  iters=600)
     warnings = [m for m in messages if m.startswith("warning: the loss scale")]
     assert len(warnings) == 1 and "below 16 for 200 steps" in warnings[0]
+    # advice --resume takes, the rest as a new run: --resume keeps --lr and the precision
+    assert warnings[0].endswith("float16 gradients keep overflowing: --clip-grad-norm N, which --resume takes, or a "
+                                "lower --lr or --amp-dtype bfloat16 in a new run (another --out, or --overwrite)")
 
     _, _, messages, _ = run_loop(tmp_path / "ok", lambda step: {"loss": 1.0, "skipped": 0.0},
                                  scale=32.0, iters=600)

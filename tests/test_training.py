@@ -759,9 +759,18 @@ def test_a_ctrl_c_while_evaluating_names_the_command_that_measures_the_saved_run
     monkeypatch.setattr(module.Session, "evaluate", interrupted)
     out = tmp_path / "my run"
     err = expect_exit(130, "", capsys, framework, out, "--iters", "2", "--evaluate", "100")
-    assert err == (f"error: interrupted while evaluating; the run is trained and saved at step 2: python "
+    assert err == (f"error: interrupted while evaluating; the run is saved at step 2: python "
                    f"scripts/evaluate.py '{out}' --samples 100 measures it"), err
     assert [step for step, _ in RunFolder(out).list_checkpoints()] == [2]
+    # the evaluation's own flags are in the command; a process that trained nothing (evaluate.py's
+    # child) leaves the advice to its caller
+    err = expect_exit(130, "", capsys, framework, out, "--iters", "2", "--evaluate", "100", "--eval-draws", "3",
+                      "--save-samples", "--resume")
+    assert err == "error: interrupted", err
+    err = expect_exit(130, "", capsys, framework, out, "--iters", "3", "--evaluate", "100", "--eval-draws", "3",
+                      "--save-samples", "--resume")
+    assert err.endswith(f"step 3: python scripts/evaluate.py '{out}' --samples 100 --draws 3 --save-samples "
+                        "measures it"), err
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
@@ -786,6 +795,9 @@ def test_a_resume_on_images_of_another_shape_says_the_data_changed(framework, tm
         f"error: --resume: the data is shaped (8, 8, 3), and the run in {out} started on (8, 8, 1): its images "
         "changed (channels or size); resume on the run's data, or train a new run (another --out)"), err
     assert (out / "config.json").read_bytes() == settings
+    (data / "colour.png").unlink()  # the run's data again: it resumes, in this process too (the folder let go)
+    SCRIPTS[framework].main(["--out", str(out), *flags, "--iters", "4", "--resume"])
+    assert json.loads((out / "summary.json").read_text())["step"] == 4
 
 
 def nan_losses_then_ctrl_c(framework, monkeypatch, nan_from: int, ctrl_c_at: int):
