@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,9 +225,8 @@ def sample_count_note(rows: list[dict]) -> str | None:
     counts = list(dict.fromkeys(row["metrics"]["samples"] for row in rows if row["metrics"].get("samples")))
     if len(counts) < 2:
         return None
-    folders = " ".join(shlex.quote(row["folder"]) for row in rows)
-    return (f"The runs' metrics were measured on different numbers of samples ({' and '.join(map(str, counts))}): "
-            f"they do not compare; measure both on the same count: python scripts/evaluate.py --samples N {folders}")
+    return (f"the runs' metrics were measured on different numbers of samples ({' and '.join(map(str, counts))}): "
+            "they do not compare; compare.py's --reuse --evaluate N measures both on N and tables them")
 
 
 REPORT_FILES = ("report.md", "samples.png", "losses.png", "table.md", "table.json")  # what write_report writes
@@ -273,7 +271,7 @@ def write_report(sides: list[Side], folder: Path, title: str, command: str) -> d
         lines.append(f"{second['run']} takes {second['median_step_ms'] / first['median_step_ms']:.2f}x "
                      f"the step time of {first['run']}.")
     if note := sample_count_note(rows):
-        lines += ["", note]
+        lines += ["", note[0].upper() + note[1:] + "."]
     lines += ["", *cpu.measured_on([(row["run"], row) for row in rows]), ""]  # the figures' machine
     if drift:
         lines.append("Mean absolute difference of the two sample grids (pixels in [0, 1]): "

@@ -292,9 +292,8 @@ def test_the_report_says_when_the_runs_metrics_were_measured_on_different_sample
         side.summary["metrics"] = {"fid": 9.0, "samples": samples}
         plt.imsave(side.run.sample_path(0), np.zeros((8, 8)), cmap="gray")
     report.write_report(sides, tmp_path / "report", "t", "cmd")
-    quoted = f"'{sides[0].run.path}' {sides[1].run.path}"  # a folder with a space, as a shell reads it
     note = ("The runs' metrics were measured on different numbers of samples (20 and 10): they do not compare; "
-            f"measure both on the same count: python scripts/evaluate.py --samples N {quoted}")
+            "compare.py's --reuse --evaluate N measures both on N and tables them.")
     assert note in (tmp_path / "report" / "report.md").read_text().splitlines()
     sides[1].summary["metrics"]["samples"] = 20
     report.write_report(sides, tmp_path / "report", "t", "cmd")
