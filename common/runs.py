@@ -175,6 +175,9 @@ def profile_folder_problem(folder: Path) -> UserError | None:
     """The error for a profile/ that a --profile window would fail on when it ends, its steps
     since the last checkpoint lost with it (a folder where a file goes, a file where a folder
     goes), or write through, outside the run (a link)."""
+    if folder.is_symlink():  # a link to a folder passes not_a_folder, and would take every file outside
+        return UserError(f"{folder} is a link, where --profile writes its traces: move it out of the run "
+                         "folder, or use --out for a new run")
     if problem := not_a_folder(folder):
         return problem
     for name, want_folder in (*((name, False) for name in PROFILE_FILES), *((name, True) for name in PROFILE_FOLDERS)):

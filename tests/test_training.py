@@ -896,23 +896,26 @@ def test_profile_writes_a_trace_and_a_table_of_top_operations(framework, trace_g
 
 
 
-@pytest.mark.parametrize("name, kind", [("top_ops.txt", "link"), ("top_ops.txt", "folder"), ("trace.json", "link"),
-                                        ("plugins", "file"), ("plugins/profile", "link")])
-def test_a_profile_folder_the_window_would_fail_on_or_write_through_is_refused_before_training(name, kind, tmp_path,
-                                                                                               capsys):
+@pytest.mark.parametrize("framework, name, kind", [
+    ("pytorch", "top_ops.txt", "link"), ("tensorflow", "top_ops.txt", "folder"), ("pytorch", "trace.json", "link"),
+    ("tensorflow", "plugins", "file"), ("tensorflow", "plugins/profile", "link"), ("pytorch", "", "link")])
+def test_a_profile_folder_the_window_would_fail_on_or_write_through_is_refused_before_training(framework, name, kind,
+                                                                                               tmp_path, capsys):
     """A link in profile/ had the window's table (or trace) written over the file it points to,
     outside the run; a folder or file in the wrong place failed the run when the window ended
     (TensorFlow: a traceback), its steps since the last checkpoint lost."""
     out, victim = tmp_path / "run", tmp_path / "precious.txt"
-    train("pytorch", out, "--iters", "2")
+    train(framework, out, "--iters", "2")
     victim.write_text("the user's")
-    path = out / "profile" / name
-    path.parent.mkdir(parents=True)
-    {"link": lambda: path.symlink_to(victim), "folder": path.mkdir, "file": lambda: path.write_text("x")}[kind]()
+    (tmp_path / "elsewhere").mkdir()
+    path = out / "profile" / name if name else out / "profile"  # "": profile/ itself, a link to a folder
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target = victim if name else tmp_path / "elsewhere"
+    {"link": lambda: path.symlink_to(target), "folder": path.mkdir, "file": lambda: path.write_text("x")}[kind]()
     what = {"link": "a link", "folder": "a folder", "file": "not a folder"}[kind]
-    expect_exit(1, f"{path} is {what}, where --profile writes its", capsys, "pytorch", out, "--iters", "16",
+    expect_exit(1, f"{path} is {what}, where --profile writes its", capsys, framework, out, "--iters", "16",
                 "--resume", "--profile")
-    assert victim.read_text() == "the user's"
+    assert victim.read_text() == "the user's" and not any((tmp_path / "elsewhere").iterdir())
     assert [step for step, _ in RunFolder(out).list_checkpoints()] == [2]  # refused before its first step
 
 
