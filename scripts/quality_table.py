@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import cpu, flags, models
 from common.config import MAX_EVALUATE, MAX_IWAE_K, MIN_EVALUATE, POINT_DATASETS, RESUME_KEYS, learning_rate, parse_args
-from common.errors import UsageError, UserError, exit_on_user_error, run_child
+from common.errors import UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.evaluation import evaluate_run, iwae_flags, sample_count
 from common.runs import (
     atomic_write,
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
         raise UserError(f"no runs of these settings measured on --samples {args.samples} under {args.runs}"
                         f"{found}: --table-only trains and measures nothing; leave it out to do so")
     for left_out in args.not_tabled:  # beside a table of the others, or it reads as complete
-        print(f"note: left out of the table: {left_out}")
+        print(escaped_line_breaks(f"note: left out of the table: {left_out}"))
     floor = evaluation.real_data_floor(args.samples)
     rows.insert(0, {"model": "real data (MNIST train vs test)", "dataset": "mnist", "framework": "-",
                     "precision": "-", "metrics": floor})

@@ -34,7 +34,7 @@ def run_folders(folders: list[Path]) -> list[tuple[Path, Path]]:
     for folder in folders:
         if not folder.is_dir():
             raise UserError(f"{folder} is not a folder (name folders holding run folders)")
-        for where, subfolders, files in sorted(os.walk(folder)):
+        for where, subfolders, files in sorted(os.walk(folder), key=lambda entry: Path(entry[0]).parts):
             links += [Path(where, name) for name in subfolders if os.path.islink(os.path.join(where, name))]
             has_summary = "summary.json" in files or "summary.json" in subfolders  # a folder: "damaged"
             if has_summary and os.path.realpath(where) not in seen:
@@ -66,8 +66,11 @@ def rows(folders: list[Path]):
         steps = str(summary["step"])
         if summary.get("stopped_early") and isinstance(config.get("iters"), int):
             steps = f"{steps}/{config['iters']} (stopped)"
-        label = run if len(folders) > 1 else run.relative_to(folder) if run != folder else run.name
-        yield (str(label),
+        if len(folders) > 1:
+            label = str(run)
+        else:
+            label = str(run.relative_to(folder)) if run != folder else run.name
+        yield (label,
                f"{summary['model']} {summary['framework']}", data, config["precision"],
                config["device"], steps, number(summary.get("median_step_ms"), 2),
                number(summary.get("samples_per_s"), 0), number(summary.get("peak_memory_mb"), 0),

@@ -243,7 +243,7 @@ def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_a
     (["--distribute", "multi-worker"], "", "TF_CONFIG, which is not set"),
     (["--distribute", "multi-worker"], "{not json", "not a worker cluster"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}',
-     "TF_CONFIG's task index 1 names no worker: the cluster lists 1, so each worker's index is 0 to 0"),
+     "TF_CONFIG's task index 1 names no worker: the cluster lists 1 worker, whose indices are 0 to 0"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", '
                                        '"index": -1}}', "task index -1 names no worker"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}',

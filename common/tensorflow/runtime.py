@@ -381,8 +381,8 @@ def _read_tf_config() -> dict:
     except (ValueError, KeyError, TypeError, RecursionError):
         raise UsageError(f"TF_CONFIG is not a worker cluster: expected {_CLUSTER_FORM}") from None
     if not 0 <= index < len(workers):
-        raise UsageError(f"TF_CONFIG's task index {index} names no worker: the cluster lists {len(workers)}, "
-                         f"so each worker's index is 0 to {len(workers) - 1}")
+        raise UsageError(f"TF_CONFIG's task index {index} names no worker: the cluster lists {len(workers)} "
+                         f"worker{'s' * (len(workers) != 1)}, whose indices are 0 to {len(workers) - 1}")
     for address in workers:  # TensorFlow's C++ printed its own errors first, then failed to join
         host, _, port = address.rpartition(":")
         if not (host and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
