@@ -18,10 +18,12 @@ $(STAMP): requirements.txt pyproject.toml
 # side by side; it ends saying where the report and TensorBoard are. compare.py trains each side
 # in its own process, into runs/demo so that no run of the user's own is replaced; run again, it
 # reuses the finished runs (and continues one interrupted at a checkpoint).
-# 12,000 of the default 20,000 iterations: about 7.5 minutes of training for both on 2 cores.
+# 12,000 of the default 20,000 iterations: 5.5-11 minutes from start to report on 2 cores
+# (README, "The vanilla GAN, `make demo`").
 # --amp where this CPU is known to compute bfloat16 natively (AVX512-BF16 or AMX in
 # /proc/cpuinfo, common/cpu.py); an AVX2-only CPU emulates it, PyTorch's step 11.6x slower than
-# in float32, so the demo trains in float32 there and where the CPU cannot be told (not Linux).
+# in float32, so the demo trains in float32 there and where the CPU cannot be told (not Linux,
+# or not x86).
 # `make demo DEMO_AMP=--amp` or `DEMO_AMP=` picks either anyway.
 DEMO_ITERS := 12000
 DEMO_RUNS := runs/demo
