@@ -283,20 +283,26 @@ def test_a_strategy_that_cannot_start_is_refused_before_tensorflow_sees_it(monke
         runtime.start_replicas(parse_args("vanilla_gan", "tensorflow", flags), "cpu")
 
 
-@pytest.mark.parametrize("rank", ["0", "1"])
-def test_a_tensorflow_script_under_torchrun_is_refused(rank, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("rank, torchrun", [("0", True), ("1", True), ("1", False)])
+def test_a_tensorflow_script_under_torchrun_is_refused(rank, torchrun, tmp_path, monkeypatch, capsys):
     """torchrun --nproc-per-node 2 gan_tensorflow.py: each process trained the whole job alone,
-    both into one run folder (history rows twice), with exit status 0. One line, from rank 0."""
+    both into one run folder (history rows twice), with exit status 0. One line, from rank 0;
+    a WORLD_SIZE and RANK 1 left in a shell, no torchrun's, exited 2 saying nothing."""
     from GAN.vanilla_gan import gan_tensorflow
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)
+    if torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with pytest.raises(SystemExit) as exit_info:
         gan_tensorflow.main(["--out", str(tmp_path / "run"), "--iters", "2", *FAST])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    if rank == "0":
+    if rank == "0" or not torchrun:
         assert err.startswith("error: torchrun launches PyTorch's replicas") and "\n" not in err, err
+        assert err.endswith("(WORLD_SIZE is set in this shell: unset it)") != torchrun, err
     else:
         assert err == ""
     assert not (tmp_path / "run").exists()

@@ -434,10 +434,13 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     """Pick the device, start the replicas (--distribute), seed everything, set the global
     dtype policy."""
     if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):  # torchrun's: each process trained the whole
-        # job alone, all of them into one run folder
+        # job alone, all of them into one run folder. Said by rank 0 alone under torchrun (which
+        # sets TORCHELASTIC_RUN_ID); a WORLD_SIZE and RANK left in a shell exited 2 saying nothing.
+        under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
         raise UsageError("torchrun launches PyTorch's replicas; run a TensorFlow script once, with --distribute "
-                         "mirrored --replicas N, or --distribute multi-worker under TF_CONFIG",
-                         quiet=os.environ.get("RANK", "0") != "0")
+                         "mirrored --replicas N, or --distribute multi-worker under TF_CONFIG"
+                         + ("" if under_torchrun else " (WORLD_SIZE is set in this shell: unset it)"),
+                         quiet=under_torchrun and os.environ.get("RANK", "0") != "0")
     if cfg.device == "cuda" and not _GPUS:
         raise UsageError("--device cuda, but TensorFlow sees no GPU; use --device cpu")
     if cfg.device == "cpu" and _GPUS:
