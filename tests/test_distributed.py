@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from common import distributed
-from common.errors import UsageError
+from common.errors import UsageError, UserError
 from common.loop import StopRequest
 from tests.conftest import REPO, UNTIL_STOPPED, evaluated_in_one_process, resume_from_the_only_checkpoint, run_script
 
@@ -134,6 +134,25 @@ def test_sync_bn_outside_torchrun_or_on_cpu_is_one_line(tmp_path):
         assert result.returncode == 2, result.stderr
         assert words in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_sync_bn_on_a_cpu_is_refused_only_for_a_model_with_batch_norm(monkeypatch):
+    """Under torchrun on a CPU, --sync-bn on the vanilla GAN (no batch norm) was refused as
+    needing CUDA, where TensorFlow notes the flag ignored; DCGAN's is refused as before."""
+    from common.errors import UsageError
+    from common.pytorch import runtime
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+
+    def joined(*args, **kwargs):  # past the flag's check: the join itself
+        raise RuntimeError("no other replica here")
+
+    monkeypatch.setattr(runtime.dist, "init_process_group", joined)
+    with pytest.raises(UsageError, match="--sync-bn needs CUDA GPUs"):
+        runtime.start_replicas("cpu", sync_bn=True, batch_norm=True)
+    with pytest.raises(UserError, match="could not join the other replicas"):
+        runtime.start_replicas("cpu", sync_bn=True, batch_norm=False)
 
 
 @pytest.mark.parametrize("environment, words", [

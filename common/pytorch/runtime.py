@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from common import distributed
+from common import distributed, models
 from common.config import RunConfig, describe_precision, note_unused_flags, resolve_precision, warn_if_bf16_emulated
 from common.errors import UsageError, UserError, clipped, first_line
 from common.pytorch import amp
@@ -196,13 +196,15 @@ def translate_failures():
             "one stops too; --resume continues from the last checkpoint") from None
 
 
-def start_replicas(device_type: str, sync_bn: bool) -> Replicas:
-    """Join the other replicas when torchrun started this process; else a single replica."""
+def start_replicas(device_type: str, sync_bn: bool, batch_norm: bool = True) -> Replicas:
+    """Join the other replicas when torchrun started this process; else a single replica.
+    `batch_norm`: the model has some, which --sync-bn on a CPU cannot synchronise (a model
+    without is noted as ignoring the flag, as in TensorFlow)."""
     if not launched_by_torchrun():
         if sync_bn:
             raise UsageError("--sync-bn synchronises batch norm across replicas: launch with torchrun")
         return Replicas()
-    if sync_bn and device_type != "cuda":
+    if sync_bn and batch_norm and device_type != "cuda":
         raise UsageError("--sync-bn needs CUDA GPUs (SyncBatchNorm refuses CPU tensors); "
                          "on CPU each replica keeps its own batch-norm statistics")
     local_rank = _environment_int("LOCAL_RANK", 0)
@@ -328,7 +330,9 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda, but PyTorch sees no CUDA GPU; use --device cpu")
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    replicas = start_replicas("cuda" if use_cuda else "cpu", cfg.sync_bn)
+    entry = models.MODELS.get(cfg.model)  # None: train_feature_net.py's classifier, never under torchrun
+    batch_norm = entry is None or entry.batch_norm
+    replicas = start_replicas("cuda" if use_cuda else "cpu", cfg.sync_bn, batch_norm)
     device = torch.device("cuda", replicas.local_rank) if use_cuda else torch.device("cpu")
     if not replicas.writer:
         log = _silent
@@ -363,7 +367,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         f"{describe_precision(precision, device.type)}{f' | {tf32}' if use_cuda else ''}{across}")
     return Runtime(device, precision, amp.COMPUTE_DTYPES[precision],
                    amp.make_grad_scaler(cfg, device.type, precision), cfg.clip_grad_norm,
-                   replicas, cfg.sync_bn)
+                   replicas, cfg.sync_bn and batch_norm)
 
 
 def set_tf32(mode: str) -> str:
