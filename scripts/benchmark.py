@@ -120,9 +120,11 @@ def script_flags(model: str, framework: str, precision: str, compiled: bool, wor
     """A configuration's flags to its model script, the user's other flags last."""
     tf_replicas = replicas > 1 and framework == "tensorflow"  # PyTorch's run under torchrun (measure)
     distribute = ["--distribute", "mirrored", "--replicas", str(replicas)] if tf_replicas else []
+    # --sync-bn is the replica rows': one replica has nothing to synchronise, and both scripts refuse it there
+    others = args.flags if replicas > 1 else [flag for flag in args.flags if flag != "--sync-bn"]
     return ["--iters", str(args.iters), "--log-every", str(args.log_every), "--sample-every", "0",
             "--checkpoint-every", "0", *PRECISION_FLAGS[precision], *([COMPILERS[framework][1]] if compiled else []),
-            "--workers", str(workers), *distribute, *args.flags]
+            "--workers", str(workers), *distribute, *others]
 
 
 @functools.cache

@@ -930,6 +930,19 @@ def test_benchmark_gives_replica_rows_a_scaling_and_no_speedup_over_one_replica(
         ("amp-bf16", 1, pytest.approx(2.0), None), ("amp-bf16", 2, None, pytest.approx(0.5))]
 
 
+def test_benchmark_gives_sync_bn_to_the_replica_rows_only(tmp_path, monkeypatch):
+    """--replicas 2 --sync-bn handed the flag to the one-replica rows too, which both scripts
+    refuse (nothing to synchronise): every one of them failed."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch)
+    assert benchmark.main(["--models", "dcgan", "--frameworks", "tensorflow", "--precisions", "fp32",
+                           "--replicas", "2", "--sync-bn", "--iters", "4", "--log-every", "2",
+                           "--out", str(tmp_path)]) == 0
+    assert [("--sync-bn" in command, command[command.index("--replicas") + 1] if "--replicas" in command else "1")
+            for command in scripts.commands] == [(False, "1"), (True, "2")]
+
+
 def test_benchmark_interrupted_in_a_configuration_marks_its_run_for_the_next_benchmark(tmp_path, capsys,
                                                                                      monkeypatch):
     """Ctrl-C while a configuration trains: its script saves and exits 130, the benchmark stops
