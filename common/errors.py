@@ -36,7 +36,9 @@ class UsageError(UserError):
 
 
 class Interrupted(UserError):
-    """Ctrl-C while a script ran another: the child stopped on its own terms. Exit status 130."""
+    """Ctrl-C where the line can say more than "interrupted": while a script ran another (the
+    child stopped on its own terms), or during the evaluation after a run's training. Exit
+    status 130."""
 
     exit_code = 130
 
