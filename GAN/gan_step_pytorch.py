@@ -48,8 +48,9 @@ class GAN:
         self.parallel_discriminator = runtime.data_parallel(self.discriminator)
         self.g_optimizer = make_optimizer(cfg, self.generator.parameters())
         self.d_optimizer = make_optimizer(cfg, self.discriminator.parameters())
-        # AMP: autocast's device and 16-bit dtype (None: autocast off), and one GradScaler.
-        self.device, self.amp_dtype = runtime.device, runtime.compute_dtype
+        # AMP: autocast's device and 16-bit dtype (off in float32), and one GradScaler.
+        self.device, self.autocast_dtype = runtime.device, runtime.compute_dtype
+        self.autocast_on = self.autocast_dtype is not None
         self.scaler, self.clip_grad_norm = runtime.scaler, runtime.clip_grad_norm
         self.modules = {"generator": self.generator, "discriminator": self.discriminator}
         self.optimizers = {"generator": self.g_optimizer, "discriminator": self.d_optimizer}
@@ -63,7 +64,7 @@ class GAN:
     def train_step(self, real: torch.Tensor) -> dict:
         z = self.replicas.randn(real.shape[0], self.z_dim, device=real.device)  # torch.randn in one process
 
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+        with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_on):
             fake = self.parallel_generator(z)
             d_loss = self.discriminator_loss(self.parallel_discriminator(real),
                                              self.parallel_discriminator(fake.detach()))
@@ -76,7 +77,7 @@ class GAN:
 
         # G's loss needs gradients through D, not for D's weights: skip computing those.
         self.discriminator.requires_grad_(False)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+        with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_on):
             g_loss = self.generator_loss(self.discriminator(fake))
         self.g_optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(g_loss).backward()

@@ -47,7 +47,9 @@ class GAN:
         self.replicas = runtime.replicas
         self.g_optimizer = make_optimizer(cfg, runtime)
         self.d_optimizer = make_optimizer(cfg, runtime)
-        self.g_optimizer.build(generator.trainable_variables)  # checkpoints need the slots now
+        # built now: checkpoints need the slots, and an unbuilt LossScaleOptimizer's scale_loss
+        # would use its initial scale, not the dynamic one
+        self.g_optimizer.build(generator.trainable_variables)
         self.d_optimizer.build(discriminator.trainable_variables)
         self.noise = Noise(cfg.seed)
         self.modules = {"generator": generator, "discriminator": discriminator}

@@ -5,8 +5,8 @@
     python GAN/dcgan/dcgan_tensorflow.py --dataset folder --data-dir DIR --image-size 64
 
 G: z as a 1x1 map -> one transposed convolution to the smallest map (7x7 for 28x28), then
-transposed convolutions of stride 2 (batch norm, ReLU), each followed by a 3x3 convolution at
-its resolution -> tanh image.
+transposed convolutions of stride 2, each doubling the side; every layer but the last is
+followed by batch norm, ReLU and a 3x3 convolution at its resolution, the last by tanh -> image.
 D: the mirror image, strided convolutions (batch norm on all but the first) and LeakyReLU, each
 followed by a 3x3 convolution -> one logit.
 The last layer of each is built with dtype="float32"; images stay NHWC, TensorFlow's native

@@ -1,7 +1,7 @@
 """DCGAN's hyperparameters (Radford et al., 2016): the one source both framework scripts read.
 
-Every kernel/stride/padding below has a PyTorch and a Keras form that compute the same
-function: Conv2d(4, 2, padding=1) == Conv2D(4, 2, "same") and ConvTranspose2d(4, 2, 1) ==
+Every kernel/stride/padding in the two scripts has a PyTorch and a Keras form that compute the
+same function: Conv2d(4, 2, padding=1) == Conv2D(4, 2, "same") and ConvTranspose2d(4, 2, 1) ==
 Conv2DTranspose(4, 2, "same") on even sizes, and a k x k "valid" (transposed) convolution
 between 1x1 and k x k. (k=3 or 5 with stride 2 does not match: TF pads bottom/right.)
 """
@@ -30,10 +30,10 @@ GEOMETRY = {28: (7, 2), 32: (4, 3), 64: (4, 4)}
 # mean, precision 0.708-0.739, AMP 0.95x float32's FID in PyTorch and 1.05x in TensorFlow. The
 # former 5e-4 scored FID 4.5-5.6, TensorFlow's AMP precision 0.704 on the same draws (two of its
 # six seeds under 0.7 on five draws); 3e-4 needed 14,000 iterations for 5e-4's quality; 2e-4
-# scored 9.6 and 11.6 with precision 0.665 and 0.637 (README, "what moved the FID"). 8.7-12.1
-# minutes on a 2-core AVX512-BF16 CPU in float32 (10.4 PyTorch, 8.7 TensorFlow on a Zen 4; 12.0
-# and 12.1 on a Xeon with AMX); about 13-14 (PyTorch) and 16-18.5 (TensorFlow) on an AVX2-only one,
-# TensorFlow's 15-17 by estimate since the end layers are matmuls (README, "DCGAN").
+# scored 9.6 and 11.6 with precision 0.665 and 0.637 (README, "what moved the FID"). The budget
+# is a default run's 15 minutes on a 2-core CPU in float32: 8.7-12.1 minutes where the CPU has
+# AVX512-BF16; on an AVX2-only one about 13-14 in PyTorch and, by estimate, 15-17 in TensorFlow
+# (README, "DCGAN").
 # Samples and evaluation come from an average of G's weights (--ema-decay): 8.4 against G's own
 # 12.4 at 10,000 iterations and lr 2e-4 in PyTorch.
 DEFAULTS = dict(

@@ -18,7 +18,7 @@ from GAN.vanilla_gan.hparams import (  # noqa: F401  (re-exported on purpose)
 # in batches of 128 for 30,000 iterations TensorFlow's seeds 0-4 had 74.6% of them within 3 sd
 # on average, seed 0 68.5%. Batches of 256 for 25,000 iterations (1.3x the time): 76.4%, every
 # seed over 70% (20,000: 73.7%; 30,000: 77.5%, but an estimated 16.5 minutes on an AVX2 CPU,
-# over the 15 allowed; README, "what moved the FID").
+# over a default run's 15-minute budget; README, "what moved the FID").
 DATASET_DEFAULTS = {
     **VANILLA_DATASET_DEFAULTS,
     "ring8": dict(VANILLA_DATASET_DEFAULTS["ring8"], iters=25000, batch_size=256),

@@ -145,7 +145,7 @@ class WGANGP(GAN):
         self.penalty_weight = hparams.penalty_weight(data.sample_shape)  # lambda: 10 on images, 0.1 on points
 
     def train_step(self, real: torch.Tensor) -> dict:
-        device, autocast_on = real.device, self.amp_dtype is not None
+        device = real.device
         eps_shape = (1,) * (real.dim() - 1)  # one eps per example, broadcast over its pixels
         totals = torch.zeros(3, device=device)  # critic loss, penalty, Wasserstein estimate
         # Under float16, whether any of the 6 updates was skipped (the scale is compared around
@@ -156,7 +156,7 @@ class WGANGP(GAN):
             # torch.randn and torch.rand in one process; under torchrun this replica's share
             z = self.replicas.randn(count, self.z_dim, device=device)
             eps = self.replicas.rand(count, *eps_shape, device=device)
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=autocast_on):
+            with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_on):
                 with torch.no_grad():  # the critic's update needs no gradient through G
                     fake = self.generator(z)
                 real_scores, fake_scores = self.parallel_critic(real_part), self.parallel_critic(fake)
@@ -181,7 +181,7 @@ class WGANGP(GAN):
         # whose weights need no gradient here.
         z = self.replicas.randn(real.shape[0] // hparams.CRITIC_STEPS, self.z_dim, device=device)
         self.critic.requires_grad_(False)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=autocast_on):
+        with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_on):
             g_loss = generator_loss(self.critic(self.parallel_generator(z)))
         self.g_optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(g_loss).backward()

@@ -114,9 +114,10 @@ class VAE:
         self.noise_shape = (sampling.GRID_IMAGES, hparams.LATENT)  # the grids' prior draws
         self.params = [*self.encoder.parameters(), *self.decoder.parameters()]
         self.optimizer = make_optimizer(cfg, self.params)
-        # AMP: autocast's device and 16-bit dtype (None: autocast off), and the GradScaler
+        # AMP: autocast's device and 16-bit dtype (off in float32), and the GradScaler
         # (enabled for float16 only: bfloat16 has float32's range).
-        self.device, self.amp_dtype = runtime.device, runtime.compute_dtype
+        self.device, self.autocast_dtype = runtime.device, runtime.compute_dtype
+        self.autocast_on = self.autocast_dtype is not None
         self.scaler, self.clip_grad_norm = runtime.scaler, runtime.clip_grad_norm
         self.modules = {"encoder": self.encoder, "decoder": self.decoder}
         self.optimizers = {"vae": self.optimizer}
@@ -124,7 +125,7 @@ class VAE:
         self._fixed_noise = self._test_images = None
 
     def train_step(self, x: torch.Tensor) -> dict:
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+        with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_on):
             mean, logvar = self.parallel_encoder(x)
             eps = self.replicas.randn(mean.shape[0], hparams.LATENT, device=mean.device)  # torch.randn in one process
             z = reparameterize(mean, logvar, eps)

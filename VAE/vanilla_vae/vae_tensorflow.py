@@ -100,7 +100,7 @@ class VAE:
         self.noise_shape = (sampling.GRID_IMAGES, hparams.LATENT)  # the grids' prior draws
         self.variables = encoder.trainable_variables + decoder.trainable_variables
         self.optimizer = make_optimizer(cfg, runtime)  # a LossScaleOptimizer under float16
-        self.optimizer.build(self.variables)  # checkpoints need the slots now
+        self.optimizer.build(self.variables)  # built now: checkpoints need its slots, scale_loss its scale
         self.noise = Noise(cfg.seed)  # eps; saved in checkpoints
         self.modules = {"encoder": encoder, "decoder": decoder}
         self.optimizers = {"vae": self.optimizer}

@@ -40,7 +40,8 @@ class FullPrecision(nn.Module):
         self.layer = layer
 
     def forward(self, x):
-        if x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):  # 7 us a context saved
+        # no autocast to leave: skips the context's ~7 us a call
+        if x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):
             return self.layer(x)
         with torch.autocast(x.device.type, enabled=False):
             return self.layer(x.float())
