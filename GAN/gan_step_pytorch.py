@@ -35,6 +35,11 @@ from common.pytorch.session import fit
 
 
 class GAN:
+    """One GAN as common/pytorch/session.py's fit() trains it: G and D with their optimizers
+    (and G's weight average), `train_step` (the iteration laid out at the top of this file),
+    and the samples drawn from the run's fixed noise. `modules`, `optimizers` and `averages`
+    are what checkpoints hold."""
+
     def __init__(self, generator: nn.Module, discriminator: nn.Module, discriminator_loss,
                  generator_loss, z_dim: int, cfg, runtime: Runtime, data, pack: int = 1):
         self.generator, self.discriminator = runtime.place(generator), runtime.place(discriminator)
