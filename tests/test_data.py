@@ -238,6 +238,15 @@ def test_a_bad_uncompressed_copy_beside_a_good_gz_names_the_gz(tmp_path):
     assert load_dataset("mnist", tmp_path).x.shape == (6, 28, 28, 1)
 
 
+
+def test_a_bad_uncompressed_labels_file_beside_a_good_gz_names_the_gz(tmp_path):
+    """The labels are read as the images are: a raw copy cut short names the .gz beside it."""
+    write_mnist_dir(tmp_path, compress=True)
+    raw = tmp_path / "train-labels-idx1-ubyte"
+    raw.write_bytes(gzip.decompress((tmp_path / "train-labels-idx1-ubyte.gz").read_bytes())[:10])
+    with data_error("train-labels-idx1-ubyte is truncated", "or delete it: train-labels-idx1-ubyte.gz beside it"):
+        load_dataset("mnist", tmp_path)
+
 def test_images_file_holding_labels_is_rejected(tmp_path):
     write_mnist_dir(tmp_path)
     (tmp_path / "train-labels-idx1-ubyte").replace(tmp_path / "train-images-idx3-ubyte")
@@ -695,6 +704,17 @@ def test_one_bit_gray_with_alpha_and_gray_palette_images_keep_one_channel(tmp_pa
     assert Image.open(tmp_path / "f.bmp").palette.rawmode == "BGRX"
     assert load_dataset("folder", tmp_path).x.shape == (4, 6, 6, 3)
 
+
+
+def test_a_palette_whose_last_entry_alone_is_a_colour_is_colour(tmp_path):
+    """Every entry of a palette counts, the last one included: black then red is colour (read
+    as gray, red would train as gray 76)."""
+    gray = random_pixels((6, 6), 0)
+    red = Image.fromarray((gray > 127).astype(np.uint8), "L").convert("P")
+    red.putpalette([0, 0, 0, 255, 0, 0])  # two entries, the colour one last
+    red.save(tmp_path / "b.png")
+    assert Image.open(tmp_path / "b.png").palette.palette == bytes([0, 0, 0, 255, 0, 0])
+    assert load_dataset("folder", tmp_path).x.shape == (1, 6, 6, 3)
 
 def test_a_16_bit_grayscale_folder_is_scaled_to_8_bits(tmp_path):
     # Pillow's convert() clipped every value above 255: nearly every pixel came out white
