@@ -800,6 +800,51 @@ def test_a_resume_on_images_of_another_shape_says_the_data_changed(framework, tm
     assert json.loads((out / "summary.json").read_text())["step"] == 4
 
 
+
+
+def test_a_resume_refused_for_its_data_shape_lets_the_run_folder_go(tmp_path, capsys):
+    """The refusal unlocks the folder at once, as RunFolder.prepare's own refusals do: while
+    the error is still held (a notebook's last traceback), another process is not told the
+    run is in use."""
+    import fcntl
+
+    from PIL import Image
+
+    data, out = tmp_path / "images", tmp_path / "run"
+    data.mkdir()
+    for index in range(8):
+        Image.fromarray(np.full((8, 8), index * 30, np.uint8)).save(data / f"{index}.png")
+    flags = ["--dataset", "folder", "--data-dir", str(data), "--width", "8", "--batch-size", "8",
+             "--no-tensorboard", "--sample-every", "0"]
+    gan_pytorch.main(["--out", str(out), *flags, "--iters", "2"])
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(data / "colour.png")
+    with pytest.raises(SystemExit) as exit_info:  # held: its traceback keeps the frames alive
+        gan_pytorch.main(["--out", str(out), *flags, "--iters", "4", "--resume"])
+    assert exit_info.value.code == 1 and "its images changed" in capsys.readouterr().err
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)  # another open file, as another process's
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while the run holds it
+    finally:
+        os.close(fd)
+
+def test_a_resume_whose_initial_weights_cannot_tell_the_data_shape_resumes(tmp_path, capsys):
+    """The data-shape check reads the shape from initial_weights.npz: a run from before it was
+    recorded there, or a damaged file, is left to the checkpoint's restore (it resumes), not
+    stopped with a traceback."""
+    from common import porting
+
+    out = tmp_path / "run"
+    train("pytorch", out, "--iters", "2", "--sample-every", "0")
+    initial = out / porting.INITIAL_WEIGHTS
+    networks, meta = porting.load_weights(initial)
+    meta.pop("sample_shape")  # as an older run wrote it
+    porting.save_weights(initial, networks, meta)
+    train("pytorch", out, "--iters", "4", "--sample-every", "0", "--resume")
+    assert json.loads((out / "summary.json").read_text())["step"] == 4
+    initial.write_bytes(b"not a zip")  # damaged
+    train("pytorch", out, "--iters", "6", "--sample-every", "0", "--resume")
+    assert json.loads((out / "summary.json").read_text())["step"] == 6
+
 def nan_losses_then_ctrl_c(framework, monkeypatch, nan_from: int, ctrl_c_at: int):
     """The session's train_step reports NaN losses from its `nan_from`th call on, counted over
     the test's runs (the weights stay finite, as in float16 steps a loss scaler skips), and
