@@ -481,3 +481,20 @@ def test_the_reparameterisation_draws_standard_normal_noise(framework, monkeypat
     (eps,) = drawn
     assert eps.shape == (256, hparams.LATENT)
     assert abs(eps.mean()) < 0.05 and abs(eps.std() - 1) < 0.05 and eps.min() < -2  # 5,120 draws
+
+
+def test_a_ctrl_c_while_evaluating_names_the_iwae_k_the_run_was_measured_with(tmp_path, monkeypatch, capsys):
+    """The command that measures the saved run carries the VAE's --iwae-k: without it,
+    evaluate.py measures a bound of another K (another key in the summary)."""
+    from common.pytorch import session
+
+    def interrupted(self, cfg, keep=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session.Session, "evaluate", interrupted)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train("pytorch", out, "--iters", "2", "--evaluate", "100", "--iwae-k", "5")
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 130
+    assert err.endswith(f"step 2: python scripts/evaluate.py {out} --samples 100 --iwae-k 5 measures it"), err
