@@ -221,3 +221,19 @@ def test_a_weights_file_with_a_negative_running_variance_is_refused(tmp_path):
     porting.save_weights(tmp_path / "w.npz", {"generator": layers}, meta)
     with pytest.raises(CheckpointError, match=r"holds a negative running variance in layer 1 of generator"):
         porting.load_weights(tmp_path / "w.npz")
+
+
+def test_init_from_names_a_checkpoint_only_for_a_file_that_is_no_weights_file(tmp_path):
+    """"not a checkpoint" is the hint for an unreadable file (a checkpoint the likeliest); a
+    missing file, or a sound weights file that fails a later check, is said as it is."""
+    from common import porting
+    from common.errors import CheckpointError
+
+    with pytest.raises(CheckpointError) as error:
+        porting.start_from(str(tmp_path / "missing.npz"), "vanilla_gan", {}, None, (28, 28, 1))
+    assert str(error.value) == f"no weights file at {tmp_path / 'missing.npz'}"
+    weights = tmp_path / "nan.npz"
+    porting.save_weights(weights, {"generator": [("Dense", [np.full((2, 2), np.nan, np.float32)])]}, {})
+    with pytest.raises(CheckpointError) as error:
+        porting.start_from(str(weights), "vanilla_gan", {}, None, (28, 28, 1))
+    assert "holds inf/NaN" in str(error.value) and "checkpoint" not in str(error.value), error.value
