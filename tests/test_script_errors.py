@@ -902,3 +902,26 @@ def test_a_quoted_reason_is_cut_at_a_sentence_or_a_word_not_mid_phrase():
     assert clipped("word " * 30, 40) == "word word word word word word word..."
     assert len(clipped("word " * 30, 40)) <= 40
     assert clipped("short enough. Kept whole", 80) == "short enough. Kept whole"
+
+
+def test_summarize_runs_of_two_folders_lists_them_in_path_order_by_their_full_folders(tmp_path, capsys):
+    """Two folders named: each row is labelled with its run's folder as given (runs of both
+    read alike otherwise), the folders walked in path order ("a" before "a-2", whose name
+    sorts first as a string) and a folder named summary.json said to be damaged, not skipped."""
+    from scripts import summarize_runs
+
+    first, second = fake_compare_runs(tmp_path / "runs" / "a"), fake_compare_runs(tmp_path / "runs" / "a-2")
+    assert summarize_runs.main([str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "a-2")]) == 0
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in capsys.readouterr().out.splitlines()[2:]
+              if line.startswith("| ")]
+    assert labels == [str(first["pytorch"]), str(first["tensorflow"]), str(second["pytorch"]),
+                      str(second["tensorflow"])]
+    assert summarize_runs.main([str(tmp_path / "runs")]) == 0  # one folder: walked in path order too
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in capsys.readouterr().out.splitlines()[2:]
+              if line.startswith("| ")]
+    assert labels == [str(folder.relative_to(tmp_path / "runs")) for folder in
+                      (first["pytorch"], first["tensorflow"], second["pytorch"], second["tensorflow"])]
+    (second["pytorch"] / "summary.json").unlink()
+    (second["pytorch"] / "summary.json").mkdir()
+    err = one_line_exit(capsys, lambda: summarize_runs.main([str(tmp_path / "runs")]), code=1)
+    assert str(second["pytorch"] / "summary.json") in err, err
