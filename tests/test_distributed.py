@@ -155,6 +155,28 @@ def test_sync_bn_on_a_cpu_is_refused_only_for_a_model_with_batch_norm(monkeypatc
         runtime.start_replicas("cpu", sync_bn=True, batch_norm=False)
 
 
+
+@pytest.mark.parametrize("model, refused", [("vanilla_gan", False), ("dcgan", True)])
+def test_a_script_under_torchrun_on_a_cpu_refuses_sync_bn_only_for_a_model_with_batch_norm(model, refused,
+                                                                                            monkeypatch):
+    """The scripts' setup hands the model's batch norm to start_replicas: the vanilla GAN's
+    --sync-bn is noted as ignored and it joins; DCGAN's is refused before the join."""
+    from common.config import parse_args
+    from common.pytorch import runtime
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+
+    def joined(*args, **kwargs):  # past the flag's check: the join itself
+        raise RuntimeError("no other replica here")
+
+    monkeypatch.setattr(runtime.dist, "init_process_group", joined)
+    cfg = parse_args(model, "pytorch", ["--sync-bn", "--device", "cpu"])
+    with pytest.raises(UserError) as error:
+        runtime.setup(cfg, log=lambda *args: None)
+    said = "--sync-bn needs CUDA GPUs" if refused else "could not join the other replicas"
+    assert said in str(error.value), error.value
+
 @pytest.mark.parametrize("environment, words", [
     ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not an integer"),
     ({"WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not an integer"),
@@ -252,6 +274,32 @@ def test_a_signal_while_joining_ends_the_process_with_one_line(signum, reader_go
                                         "replicas; nothing was trained"), err
     assert not (tmp_path / "run").exists()
 
+
+
+def test_a_signal_while_joining_ends_a_replica_other_than_rank_0_silently(tmp_path):
+    """torchrun's terminal is every replica's: rank 0 alone says the interrupted join's line
+    (each replica saying it printed it once per replica); the others exit with the signal's status."""
+    with socket.socket() as server:  # the store rank 0 would serve: rank 1 connects, then waits in C++
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(120)
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(server.getsockname()[1])}
+        command = [sys.executable, str(REPO / SCRIPTS["vanilla_gan"]), "--out", str(tmp_path / "run"),
+                   "--iters", "2", *FAST]
+        process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE)
+        try:
+            connection, _ = server.accept()
+            with connection:
+                time.sleep(1.0)  # inside init_process_group
+                process.send_signal(signal.SIGINT)
+                _, err = process.communicate(timeout=30)
+        finally:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGINT, err
+    assert err == b"", err
+    assert not (tmp_path / "run").exists()
 
 @pytest.mark.parametrize("slow", [True, False])
 def test_a_slow_join_that_succeeds_says_it_joined(slow, monkeypatch, capsys):
