@@ -4,6 +4,7 @@ one-line CheckpointError. The training script: --amp trains and tests under auto
 training is reproducible, only the reproducible run writes the committed weights, --precisions
 prints the side-by-side table, and bad flags are one-line errors."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -325,6 +326,26 @@ def test_a_precision_named_twice_is_refused_before_any_run(training_script, caps
         assert capsys.readouterr().err == (f"error: --precisions {names[0]} and {names[1]} are one precision here "
                                            f"({runs_as}): it would be measured and tabled twice\n")
 
+
+
+def test_precisions_that_differ_on_a_gpu_are_all_taken_there(training_script):
+    """On a GPU amp is float16 (not amp-bf16's bfloat16) and fp32-tf32 computes in TensorFloat-32
+    (not fp32's full float32): four runs, four rows, none refused as one precision named twice."""
+    given = ["amp", "amp-bf16", "fp32", "fp32-tf32"]
+    assert training_script.parse_args(["--precisions", *given, "--device", "cuda"]).precisions == given
+
+
+def test_the_weights_file_records_the_accuracy_of_the_gate_on_every_test_image(training_script, tmp_path,
+                                                                                monkeypatch):
+    """Under --test-limit the weights file's recorded accuracy is the gate's, on all 10,000 test
+    images, not that of the few images the epochs were tested on."""
+    monkeypatch.setattr(training_script, "MIN_TEST_ACCURACY", 0.0)  # so that these weights are written
+    weights, result = tmp_path / "weights.npz", tmp_path / "result.json"
+    training_script.main(TINY + ["--test-limit", "3", "--out", str(weights), "--result-json", str(result)])
+    measured = json.loads(result.read_text())
+    assert measured["test_images"] == 3 and measured["gate_accuracy"] not in (0, 1 / 3, 2 / 3, 1)
+    with np.load(weights) as arrays:
+        assert float(arrays["meta_test_accuracy"]) == measured["gate_accuracy"]
 
 @pytest.mark.parametrize("flags", [["--result-json", "{weights}", "--out", "{weights}"],
                                    ["--result-json", "{committed}"],
