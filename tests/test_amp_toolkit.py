@@ -717,6 +717,18 @@ def test_benchmark_refuses_pytorch_rows_on_cuda_without_a_gpu_before_running_any
     assert scripts.commands == []
 
 
+
+def test_benchmark_leaves_tensorflow_rows_on_cuda_to_tensorflow(tmp_path, monkeypatch):
+    """PyTorch's view of the GPUs (its CPU build sees none) does not speak for TensorFlow: its
+    rows on --device cuda run, and TensorFlow answers for its own GPUs there."""
+    from scripts import benchmark
+
+    scripts = FakeScripts(monkeypatch, device="cuda")
+    monkeypatch.setattr(benchmark, "torch_sees_a_gpu", lambda: False)
+    assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "tensorflow", "--precisions", "fp32",
+                           "--iters", "4", "--log-every", "2", "--out", str(tmp_path), "--device", "cuda"]) == 0
+    assert len(scripts.commands) == 1 and "cuda" in scripts.commands[0]
+
 def test_benchmark_measures_the_others_when_a_script_refuses_one_configuration(tmp_path, capsys, monkeypatch):
     """--compiled with WGAN-GP (no double backward in torch.compile): the up-front check refused
     the whole benchmark; that configuration alone is refused, before anything runs."""
