@@ -812,6 +812,24 @@ def test_evaluate_script_prints_the_floor_when_any_run_measured_images_not_only_
     assert "real-data floor" not in capsys.readouterr().out  # no image measured: no floor
 
 
+
+def test_evaluate_notes_run_flags_under_floor_alone_only(tmp_path, monkeypatch, capsys):
+    """One flag ignored under --floor is "it", said once; with a run named, the run's evaluation reads
+    --draws and --device, and no note says they were ignored."""
+    from scripts import evaluate
+
+    monkeypatch.setattr(evaluation, "real_data_floor", lambda samples: {"samples": samples, "fid": 1.0})
+    assert evaluate.main(["--floor", "--samples", "10", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("note: --device: a run's evaluation reads it, and --floor names no "
+                                              "run: ignored\n")
+    assert evaluate.main(["--floor", "--samples", "10", "--iwae-k", "5"]) == 0  # said once, not twice
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")] == [
+        "note: --iwae-k: a run's evaluation reads it, and --floor names no run: ignored"]
+    monkeypatch.setattr(evaluation, "check_evaluable", lambda folder: None)
+    monkeypatch.setattr(evaluation, "evaluate_run", lambda folder, *args, **kwargs: {"fid": 9.0, "samples": 10})
+    assert evaluate.main([str(tmp_path / "gan"), "--floor", "--samples", "10", "--draws", "2", "--device", "cpu"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
 def test_evaluate_names_the_flags_it_ignored(tmp_path, monkeypatch, capsys):
     """--floor alone took --draws, --device and --save-samples without a word, and GAN runs
     took --iwae-k, whose bound is the VAE's."""
