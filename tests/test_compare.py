@@ -546,6 +546,26 @@ def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_
     assert compare.decide(plan("--evaluate", "500"), reuse=True, overwrite=False) == ["--resume"]
 
 
+
+def test_reuse_refusals_name_the_side_to_delete_not_overwrite(tmp_path):
+    """--overwrite retrains both sides: a run of other settings, or one trained past --iters,
+    is retrained alone by deleting its folder, which the refusal names."""
+    def plan(*extra):
+        return compare.Plan("vanilla_gan", "pytorch", False, ["--iters", "4", *TINY, *extra], tmp_path, "cpu")
+
+    run = plan()
+    planned_run(run, 6, {"step": 6})
+    again = f"; delete {run.folder} to train this side again (--overwrite would retrain both)"
+    with pytest.raises(UserError) as refused:
+        compare.decide(run, reuse=True, overwrite=False)
+    assert str(refused.value) == f"cannot reuse {run.folder}: it trained 6 iterations, --iters asks for 4{again}"
+    other = compare.Plan("vanilla_gan", "pytorch", False, ["--iters", "4", *TINY, "--lr", "0.001"], tmp_path, "cpu")
+    assert other.folder == run.folder
+    with pytest.raises(UserError) as refused:
+        compare.decide(other, reuse=True, overwrite=False)
+    assert str(refused.value).startswith(f"cannot reuse {run.folder}: other settings (lr: ")
+    assert str(refused.value).endswith(f"; --runs for another folder{again}"), refused.value
+
 def test_reuse_with_evaluate_never_measures_a_run_by_training_it_again(tmp_path):
     """Measuring is a --resume with nothing left to train, which holds only at a checkpoint of
     the summary's step. A run stopped on inf/NaN losses (its last good checkpoint earlier), or
