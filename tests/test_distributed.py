@@ -95,6 +95,15 @@ def test_a_batch_that_does_not_divide_is_refused():
         distributed.check_batch(66, 2, pack=2)
 
 
+
+def test_a_batch_that_does_not_divide_into_one_process_packs_names_one_replica():
+    """One process (PacGAN's packs alone): "1 replica", not "1 replicas"."""
+    with pytest.raises(UsageError) as refused:
+        distributed.check_batch(33, 1, pack=2)
+    assert str(refused.value).startswith("--batch-size 33 does not divide among 1 replica x packs of 2 samples: "
+                                         "use a multiple of 2"), refused.value
+
+
 def test_pytorch_fit_refuses_a_replicas_share_that_does_not_divide_into_ds_packs():
     """Under torchrun the parser knows no replica count: fit checks the batch, with the
     trainer's packs (PacGAN's D on the mixtures), before anything is built. 6 points divide
