@@ -145,6 +145,15 @@ def test_losses_that_stay_nonfinite_stop_the_run_with_a_checkpoint(tmp_path):
     assert history[-1]["nonfinite_steps"] == 10
 
 
+
+def test_a_divergence_with_no_earlier_checkpoint_says_to_train_again(tmp_path):
+    """No good checkpoint to --resume from: the advice is a new run, with what keeps its
+    losses finite (float32: no --amp-dtype bfloat16, which it would refuse without --amp)."""
+    error, _, _, _ = run_loop(tmp_path, lambda step: {"loss": math.inf if step >= 30 else 1.0}, iters=1000,
+                              nonfinite_patience=40)
+    assert str(error).endswith("; no earlier checkpoint to resume from: train again (--overwrite) with a lower "
+                               "--lr or --clip-grad-norm N"), error
+
 def test_a_divergence_keeps_the_good_checkpoints_and_names_the_last(tmp_path):
     # the weights go NaN at step 30; checkpoints every 5 steps, a patience of 40 steps
     values = lambda step: {"loss": math.nan if step >= 30 else 1.0}
