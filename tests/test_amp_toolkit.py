@@ -19,7 +19,6 @@ from common.runs import RunFolder
 
 # --- the monitor, driven by a fake session (no framework) ----------------------------------
 
-
 class ScriptedSession:
     """Plays back per-step metrics chosen by the test: `values(step)` -> dict of floats."""
 
@@ -145,7 +144,6 @@ def test_losses_that_stay_nonfinite_stop_the_run_with_a_checkpoint(tmp_path):
     assert history[-1]["nonfinite_steps"] == 10
 
 
-
 def test_a_divergence_with_no_earlier_checkpoint_says_to_train_again(tmp_path):
     """No good checkpoint to --resume from: the advice is a new run, with what keeps its
     losses finite (float32: no --amp-dtype bfloat16, which it would refuse without --amp)."""
@@ -153,6 +151,7 @@ def test_a_divergence_with_no_earlier_checkpoint_says_to_train_again(tmp_path):
                               nonfinite_patience=40)
     assert str(error).endswith("; no earlier checkpoint to resume from: train again (--overwrite) with a lower "
                                "--lr or --clip-grad-norm N"), error
+
 
 def test_a_divergence_keeps_the_good_checkpoints_and_names_the_last(tmp_path):
     # the weights go NaN at step 30; checkpoints every 5 steps, a patience of 40 steps
@@ -726,7 +725,6 @@ def test_benchmark_refuses_pytorch_rows_on_cuda_without_a_gpu_before_running_any
     assert scripts.commands == []
 
 
-
 def test_benchmark_leaves_tensorflow_rows_on_cuda_to_tensorflow(tmp_path, monkeypatch):
     """PyTorch's view of the GPUs (its CPU build sees none) does not speak for TensorFlow: its
     rows on --device cuda run, and TensorFlow answers for its own GPUs there."""
@@ -737,6 +735,7 @@ def test_benchmark_leaves_tensorflow_rows_on_cuda_to_tensorflow(tmp_path, monkey
     assert benchmark.main(["--models", "vanilla_gan", "--frameworks", "tensorflow", "--precisions", "fp32",
                            "--iters", "4", "--log-every", "2", "--out", str(tmp_path), "--device", "cuda"]) == 0
     assert len(scripts.commands) == 1 and "cuda" in scripts.commands[0]
+
 
 def test_benchmark_measures_the_others_when_a_script_refuses_one_configuration(tmp_path, capsys, monkeypatch):
     """--compiled with WGAN-GP (no double backward in torch.compile): the up-front check refused

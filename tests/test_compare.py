@@ -546,7 +546,6 @@ def test_reuse_with_evaluate_measures_a_finished_run_that_lacks_the_metrics(tmp_
     assert compare.decide(plan("--evaluate", "500"), reuse=True, overwrite=False) == ["--resume"]
 
 
-
 def test_reuse_refusals_name_the_side_to_delete_not_overwrite(tmp_path):
     """--overwrite retrains both sides: a run of other settings, or one trained past --iters,
     is retrained alone by deleting its folder, which the refusal names."""
@@ -565,6 +564,7 @@ def test_reuse_refusals_name_the_side_to_delete_not_overwrite(tmp_path):
         compare.decide(other, reuse=True, overwrite=False)
     assert str(refused.value).startswith(f"cannot reuse {run.folder}: other settings (lr: ")
     assert str(refused.value).endswith(f"; --runs for another folder{again}"), refused.value
+
 
 def test_reuse_with_evaluate_never_measures_a_run_by_training_it_again(tmp_path):
     """Measuring is a --resume with nothing left to train, which holds only at a checkpoint of

@@ -65,7 +65,6 @@ def data_error(*fragments: str):
 # ---------------------------------------------------------------------------------------------
 # IDX helpers
 
-
 def idx_bytes(array: np.ndarray) -> bytes:
     """Magic (two zero bytes, type code, number of dimensions), big-endian sizes, big-endian data."""
     magic = bytes([0, 0, IDX_TYPE_CODES[array.dtype.type], array.ndim])
@@ -94,7 +93,6 @@ def write_mnist_dir(folder: Path, compress: bool = False, count: int = 6, seed: 
 
 # ---------------------------------------------------------------------------------------------
 # read_idx
-
 
 @pytest.mark.parametrize("compress", [False, True])
 @pytest.mark.parametrize(
@@ -212,7 +210,6 @@ def test_read_idx_missing_file(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # MNIST / Fashion-MNIST from a directory
 
-
 @pytest.mark.parametrize("compress", [False, True])
 @pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
 def test_mnist_like_from_idx_directory(tmp_path, name, compress):
@@ -238,7 +235,6 @@ def test_a_bad_uncompressed_copy_beside_a_good_gz_names_the_gz(tmp_path):
     assert load_dataset("mnist", tmp_path).x.shape == (6, 28, 28, 1)
 
 
-
 def test_a_bad_uncompressed_labels_file_beside_a_good_gz_names_the_gz(tmp_path):
     """The labels are read as the images are: a raw copy cut short names the .gz beside it."""
     write_mnist_dir(tmp_path, compress=True)
@@ -246,6 +242,7 @@ def test_a_bad_uncompressed_labels_file_beside_a_good_gz_names_the_gz(tmp_path):
     raw.write_bytes(gzip.decompress((tmp_path / "train-labels-idx1-ubyte.gz").read_bytes())[:10])
     with data_error("train-labels-idx1-ubyte is truncated", "or delete it: train-labels-idx1-ubyte.gz beside it"):
         load_dataset("mnist", tmp_path)
+
 
 def test_images_file_holding_labels_is_rejected(tmp_path):
     write_mnist_dir(tmp_path)
@@ -435,7 +432,6 @@ def test_bad_keras_npz_is_rejected(tmp_path, write, fragment):
 
 # ---------------------------------------------------------------------------------------------
 # CIFAR-10
-
 
 def cifar_batch(count: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
@@ -630,7 +626,6 @@ def test_cifar10_suggests_extracting_a_downloaded_archive(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Image folders
 
-
 def save_image(path: Path, pixels: np.ndarray) -> np.ndarray:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(pixels).save(path)
@@ -705,7 +700,6 @@ def test_one_bit_gray_with_alpha_and_gray_palette_images_keep_one_channel(tmp_pa
     assert load_dataset("folder", tmp_path).x.shape == (4, 6, 6, 3)
 
 
-
 def test_a_palette_whose_last_entry_alone_is_a_colour_is_colour(tmp_path):
     """Every entry of a palette counts, the last one included: black then red is colour (read
     as gray, red would train as gray 76)."""
@@ -715,6 +709,7 @@ def test_a_palette_whose_last_entry_alone_is_a_colour_is_colour(tmp_path):
     red.save(tmp_path / "b.png")
     assert Image.open(tmp_path / "b.png").palette.palette == bytes([0, 0, 0, 255, 0, 0])
     assert load_dataset("folder", tmp_path).x.shape == (1, 6, 6, 3)
+
 
 def test_a_16_bit_grayscale_folder_is_scaled_to_8_bits(tmp_path):
     # Pillow's convert() clipped every value above 255: nearly every pixel came out white
@@ -867,7 +862,6 @@ def test_missing_or_unset_data_dir(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Arguments
 
-
 def test_unknown_dataset_lists_the_choices():
     with data_error("unknown dataset 'cifar100'", ", ".join(DATASETS)):
         load_dataset("cifar100")
@@ -889,7 +883,6 @@ def test_invalid_arguments_are_rejected(arguments, fragment):
 
 # ---------------------------------------------------------------------------------------------
 # Gaussian mixtures
-
 
 def test_mixture_constants():
     np.testing.assert_allclose(np.linalg.norm(RING8_MEANS, axis=1), 1.0)
@@ -938,7 +931,6 @@ def test_limit_keeps_the_first_examples():
 
 # ---------------------------------------------------------------------------------------------
 # Embedded MNIST and its cache
-
 
 def test_embedded_mnist():
     train, test = load_dataset("mnist"), load_dataset("mnist", split="test")
@@ -1110,7 +1102,6 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Pixel ranges
 
-
 def test_pixel_ranges():
     pixels = np.array([0, 51, 255], dtype=np.uint8)
     unit = to_unit_range(pixels)
@@ -1122,7 +1113,6 @@ def test_pixel_ranges():
 
 # ---------------------------------------------------------------------------------------------
 # The training set, and the test split models that show test images need
-
 
 def write_split(folder: Path, prefix: str, side: int, count: int = 8) -> None:
     rng = np.random.default_rng(side)

@@ -95,7 +95,6 @@ def test_a_batch_that_does_not_divide_is_refused():
         distributed.check_batch(66, 2, pack=2)
 
 
-
 def test_a_batch_that_does_not_divide_into_one_process_packs_names_one_replica():
     """One process (PacGAN's packs alone): "1 replica", not "1 replicas"."""
     with pytest.raises(UsageError) as refused:
@@ -164,7 +163,6 @@ def test_sync_bn_on_a_cpu_is_refused_only_for_a_model_with_batch_norm(monkeypatc
         runtime.start_replicas("cpu", sync_bn=True, batch_norm=False)
 
 
-
 @pytest.mark.parametrize("model, refused", [("vanilla_gan", False), ("dcgan", True)])
 def test_a_script_under_torchrun_on_a_cpu_refuses_sync_bn_only_for_a_model_with_batch_norm(model, refused,
                                                                                             monkeypatch):
@@ -185,6 +183,7 @@ def test_a_script_under_torchrun_on_a_cpu_refuses_sync_bn_only_for_a_model_with_
         runtime.setup(cfg, log=lambda *args: None)
     said = "--sync-bn needs CUDA GPUs" if refused else "could not join the other replicas"
     assert said in str(error.value), error.value
+
 
 @pytest.mark.parametrize("environment, words", [
     ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not an integer"),
@@ -284,7 +283,6 @@ def test_a_signal_while_joining_ends_the_process_with_one_line(signum, reader_go
     assert not (tmp_path / "run").exists()
 
 
-
 def test_a_signal_while_joining_ends_a_replica_other_than_rank_0_silently(tmp_path):
     """torchrun's terminal is every replica's: rank 0 alone says the interrupted join's line
     (each replica saying it printed it once per replica); the others exit with the signal's status."""
@@ -309,6 +307,7 @@ def test_a_signal_while_joining_ends_a_replica_other_than_rank_0_silently(tmp_pa
     assert process.returncode == 128 + signal.SIGINT, err
     assert err == b"", err
     assert not (tmp_path / "run").exists()
+
 
 @pytest.mark.parametrize("slow", [True, False])
 def test_a_slow_join_that_succeeds_says_it_joined(slow, monkeypatch, capsys):
@@ -385,7 +384,6 @@ def test_two_replicas_end_with_the_weights_of_one_process(tmp_path, capfd, model
                 assert math.isclose(mine[key], theirs[key], rel_tol=1e-4), key
     if second_half is None:
         evaluated_in_one_process(together, 20, capfd)
-
 
 
 @pytest.mark.parametrize("model", ["vanilla_gan", "vae"])
@@ -543,8 +541,6 @@ def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str, st
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
     return process.returncode, out, err
-
-
 
 
 def test_a_float16_checkpoint_between_log_steps_counts_skips_on_every_replica(tmp_path):

@@ -812,7 +812,6 @@ def test_evaluate_script_prints_the_floor_when_any_run_measured_images_not_only_
     assert "real-data floor" not in capsys.readouterr().out  # no image measured: no floor
 
 
-
 def test_evaluate_notes_run_flags_under_floor_alone_only(tmp_path, monkeypatch, capsys):
     """One flag ignored under --floor is "it", said once; with a run named, the run's evaluation reads
     --draws and --device, and no note says they were ignored."""
@@ -829,6 +828,7 @@ def test_evaluate_notes_run_flags_under_floor_alone_only(tmp_path, monkeypatch, 
     monkeypatch.setattr(evaluation, "evaluate_run", lambda folder, *args, **kwargs: {"fid": 9.0, "samples": 10})
     assert evaluate.main([str(tmp_path / "gan"), "--floor", "--samples", "10", "--draws", "2", "--device", "cpu"]) == 0
     assert "note:" not in capsys.readouterr().out
+
 
 def test_evaluate_names_the_flags_it_ignored(tmp_path, monkeypatch, capsys):
     """--floor alone took --draws, --device and --save-samples without a word, and GAN runs

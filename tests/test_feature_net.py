@@ -327,7 +327,6 @@ def test_a_precision_named_twice_is_refused_before_any_run(training_script, caps
                                            f"({runs_as}): it would be measured and tabled twice\n")
 
 
-
 def test_precisions_that_differ_on_a_gpu_are_all_taken_there(training_script):
     """On a GPU amp is float16 (not amp-bf16's bfloat16) and fp32-tf32 computes in TensorFloat-32
     (not fp32's full float32): four runs, four rows, none refused as one precision named twice."""
@@ -346,6 +345,7 @@ def test_the_weights_file_records_the_accuracy_of_the_gate_on_every_test_image(t
     assert measured["test_images"] == 3 and measured["gate_accuracy"] not in (0, 1 / 3, 2 / 3, 1)
     with np.load(weights) as arrays:
         assert float(arrays["meta_test_accuracy"]) == measured["gate_accuracy"]
+
 
 @pytest.mark.parametrize("flags", [["--result-json", "{weights}", "--out", "{weights}"],
                                    ["--result-json", "{committed}"],

@@ -347,7 +347,6 @@ def test_compare_reuses_sound_fake_runs(tmp_path):
     assert compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--reuse"]) == 0
 
 
-
 def test_compare_prints_the_note_on_metrics_of_different_sample_counts(tmp_path, capsys):
     """The report's note that the two runs' metrics do not compare is printed under the table
     too, not only written into report.md."""
@@ -362,6 +361,7 @@ def test_compare_prints_the_note_on_metrics_of_different_sample_counts(tmp_path,
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == ["note: the runs' metrics were measured on different numbers of samples (20 and 10): they do "
                      "not compare; compare.py's --reuse --evaluate N measures both on N and tables them"], notes
+
 
 def test_compare_points_to_tensorboard_only_for_runs_that_wrote_events(tmp_path, capsys):
     """Runs trained with --no-tensorboard (TINY's) have no events to show: the last line sent

@@ -800,8 +800,6 @@ def test_a_resume_on_images_of_another_shape_says_the_data_changed(framework, tm
     assert json.loads((out / "summary.json").read_text())["step"] == 4
 
 
-
-
 def test_a_resume_refused_for_its_data_shape_lets_the_run_folder_go(tmp_path, capsys):
     """The refusal unlocks the folder at once, as RunFolder.prepare's own refusals do: while
     the error is still held (a notebook's last traceback), another process is not told the
@@ -827,6 +825,7 @@ def test_a_resume_refused_for_its_data_shape_lets_the_run_folder_go(tmp_path, ca
     finally:
         os.close(fd)
 
+
 def test_a_resume_whose_initial_weights_cannot_tell_the_data_shape_resumes(tmp_path, capsys):
     """The data-shape check reads the shape from initial_weights.npz: a run from before it was
     recorded there, or a damaged file, is left to the checkpoint's restore (it resumes), not
@@ -844,6 +843,7 @@ def test_a_resume_whose_initial_weights_cannot_tell_the_data_shape_resumes(tmp_p
     initial.write_bytes(b"not a zip")  # damaged
     train("pytorch", out, "--iters", "6", "--sample-every", "0", "--resume")
     assert json.loads((out / "summary.json").read_text())["step"] == 6
+
 
 def nan_losses_then_ctrl_c(framework, monkeypatch, nan_from: int, ctrl_c_at: int):
     """The session's train_step reports NaN losses from its `nan_from`th call on, counted over
@@ -938,7 +938,6 @@ def test_profile_writes_a_trace_and_a_table_of_top_operations(framework, trace_g
     assert sum(count for operation, count in calls.items() if is_matrix_product(operation)) >= 8
     assert len(rows) >= 5
     assert shares == sorted(shares, reverse=True) and 50 < sum(shares) <= 100.5
-
 
 
 @pytest.mark.parametrize("framework, name, kind", [
