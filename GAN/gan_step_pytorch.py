@@ -41,11 +41,10 @@ class GAN:
     are what checkpoints hold."""
 
     def __init__(self, generator: nn.Module, discriminator: nn.Module, discriminator_loss,
-                 generator_loss, z_dim: int, cfg, runtime: Runtime, data, pack: int = 1):
+                 generator_loss, z_dim: int, cfg, runtime: Runtime, data):
         self.generator, self.discriminator = runtime.place(generator), runtime.place(discriminator)
         self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
         self.z_dim, self.cfg, self.data = z_dim, cfg, data
-        self.pack = pack  # D judges samples in packs of this many (PacGAN): fit() checks the batch divides
         # Under torchrun, DDP wrappers that average the gradients over the replicas; in one
         # process, the networks themselves.
         self.replicas = runtime.replicas
@@ -128,8 +127,7 @@ def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> d
     (`build_networks(data_shape, width)`), and train."""
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    pack = hparams.pack(data.sample_shape) if hasattr(hparams, "pack") else 1  # the MLP GANs' D on points
     networks = build_networks(data.sample_shape, cfg.width)
     gan = GAN(networks["generator"], networks["discriminator"], discriminator_loss, generator_loss,
-              hparams.Z_DIM, cfg, runtime, data, pack=pack)
+              hparams.Z_DIM, cfg, runtime, data)
     return fit(cfg, runtime, gan, data)

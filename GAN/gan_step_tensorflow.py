@@ -44,11 +44,10 @@ class GAN:
     are what checkpoints hold."""
 
     def __init__(self, generator: keras.Model, discriminator: keras.Model, discriminator_loss,
-                 generator_loss, z_dim: int, cfg, runtime: Runtime, data, pack: int = 1):
+                 generator_loss, z_dim: int, cfg, runtime: Runtime, data):
         self.generator, self.discriminator = generator, discriminator
         self.discriminator_loss, self.generator_loss = discriminator_loss, generator_loss
         self.z_dim, self.cfg, self.data = z_dim, cfg, data
-        self.pack = pack  # D judges samples in packs of this many (PacGAN): fit() checks the batch divides
         self.replicas = runtime.replicas
         self.g_optimizer = make_optimizer(cfg, runtime)
         self.d_optimizer = make_optimizer(cfg, runtime)
@@ -119,9 +118,8 @@ def train(cfg, hparams, build_networks, discriminator_loss, generator_loss) -> d
     optimizers in the strategy's scope, and train."""
     runtime = setup(cfg)
     data = load_data(cfg, runtime, value_range=hparams.PIXEL_RANGE)
-    pack = hparams.pack(data.sample_shape) if hasattr(hparams, "pack") else 1  # the MLP GANs' D on points
     with runtime.strategy.scope():  # under --distribute: variables mirrored on every replica
         networks = build_networks(data.sample_shape, cfg.width)
         gan = GAN(networks["generator"], networks["discriminator"], discriminator_loss, generator_loss,
-                  hparams.Z_DIM, cfg, runtime, data, pack=pack)
+                  hparams.Z_DIM, cfg, runtime, data)
     return fit(cfg, runtime, gan, data)

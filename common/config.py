@@ -286,12 +286,19 @@ def parse_args(model: str, framework: str, argv=None) -> RunConfig:
     return cfg
 
 
-def check_batch_among_replicas(cfg: RunConfig, count: int) -> None:
+def batch_division(cfg: RunConfig) -> tuple[int, int]:
+    """(parts, pack): the model's parts of a batch, each sharded among the replicas on its own
+    (WGAN-GP's 5 critic batches), and the samples its D judges at once (the MLP GANs' PacGAN
+    packs on the 2-D mixtures); (1, 1) for a model whose hparams.py says nothing of it."""
+    hparams = models.get(cfg.model).hparams
+    return hparams.batch_division(cfg) if hasattr(hparams, "batch_division") else (1, 1)
+
+
+def check_batch_among_replicas(cfg: RunConfig, count: int, quiet: bool = False) -> None:
     """One UsageError line unless the run's batch divides among `count` replicas, into the
     model's parts and packs too (WGAN-GP: 64 among 8 replicas, a multiple of 40, not 5)."""
-    hparams = models.get(cfg.model).hparams
-    division = hparams.batch_division(cfg) if hasattr(hparams, "batch_division") else (1, 1)
-    distributed.check_batch(cfg.batch_size, count, division[0], pack=division[1])
+    parts, pack = batch_division(cfg)
+    distributed.check_batch(cfg.batch_size, count, parts, quiet=quiet, pack=pack)
 
 
 def named_settings(parser: argparse.ArgumentParser, argv) -> set[str]:

@@ -105,7 +105,7 @@ def test_a_batch_that_does_not_divide_into_one_process_packs_names_one_replica()
 
 def test_pytorch_fit_refuses_a_replicas_share_that_does_not_divide_into_ds_packs():
     """Under torchrun the parser knows no replica count: fit checks the batch, with the
-    trainer's packs (PacGAN's D on the mixtures), before anything is built. 6 points divide
+    model's packs (PacGAN's D on the mixtures), before anything is built. 6 points divide
     into packs of 2, each of 2 replicas' 3 do not. (Mutation round 8: fit's check without
     pack= went unseen.)"""
     from types import SimpleNamespace
@@ -117,7 +117,7 @@ def test_pytorch_fit_refuses_a_replicas_share_that_does_not_divide_into_ds_packs
     runtime = SimpleNamespace(replicas=SimpleNamespace(count=2, writer=True))
     data = SimpleNamespace(dataset=SimpleNamespace(sample_shape=(2,)))
     with pytest.raises(UsageError, match="2 replicas x packs of 2 samples: use a multiple of 4"):
-        session.fit(cfg, runtime, SimpleNamespace(pack=2), data)
+        session.fit(cfg, runtime, SimpleNamespace(), data)
 
 
 def test_a_relayed_signal_is_the_same_stop_request_and_a_later_one_quits(monkeypatch):

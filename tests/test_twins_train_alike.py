@@ -92,9 +92,8 @@ def trainer(model: str, framework: str, networks: dict, cfg, runtime, data):
     from GAN import gan_step_pytorch, gan_step_tensorflow
 
     step = gan_step_pytorch if framework == "pytorch" else gan_step_tensorflow
-    pack = hparams.pack(data.sample_shape) if hasattr(hparams, "pack") else 1
     return step.GAN(networks["generator"], networks["discriminator"], module.discriminator_loss,
-                    module.generator_loss, hparams.Z_DIM, cfg, runtime, data, pack=pack)
+                    module.generator_loss, hparams.Z_DIM, cfg, runtime, data)
 
 
 def twins(model: str, dataset: str):

@@ -60,7 +60,8 @@ def pack(data_shape: tuple) -> int:
 
 def batch_division(cfg) -> tuple[int, int]:
     """(parts, pack) of the batch among data-parallel replicas: on the mixtures each replica's
-    share divides into D's packs (common/config.parse_args checks --replicas with it)."""
+    share divides into D's packs (common/config.batch_division reads it for the parser's check
+    and both sessions)."""
     from common.config import POINT_DATASETS
 
     return 1, POINT_PACK if cfg.dataset in POINT_DATASETS else 1

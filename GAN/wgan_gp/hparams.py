@@ -82,7 +82,7 @@ def point_units(width: int) -> int:
 
 def batch_division(cfg) -> tuple[int, int]:
     """(parts, pack) of the batch among data-parallel replicas: each critic batch is sharded on
-    its own (common/config.parse_args checks --replicas with it)."""
+    its own (common/config.batch_division reads it for the parser's check and both sessions)."""
     return CRITIC_STEPS, 1
 
 

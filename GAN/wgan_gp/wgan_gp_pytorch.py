@@ -135,8 +135,6 @@ class WGANGP(GAN):
     """The shared GAN's networks, optimizers, samples and evaluation (GAN/gan_step_pytorch.py),
     with WGAN-GP's own training step. The critic is the GAN's discriminator."""
 
-    batch_parts = hparams.CRITIC_STEPS  # under torchrun each critic batch is sharded on its own
-
     def __init__(self, generator: nn.Module, critic: nn.Module, cfg, runtime: Runtime, data):
         # No loss functions for GAN's step: train_step below calls critic_loss and generator_loss.
         super().__init__(generator, critic, None, None, hparams.Z_DIM, cfg, runtime, data)

@@ -133,8 +133,6 @@ class WGANGP(GAN):
     (GAN/gan_step_tensorflow.py), with WGAN-GP's own training step. The critic is the GAN's
     discriminator, and each optimizer a LossScaleOptimizer under float16."""
 
-    batch_parts = hparams.CRITIC_STEPS  # under --distribute each critic batch is sharded on its own
-
     def __init__(self, generator: keras.Model, critic: keras.Model, cfg, runtime: Runtime, data):
         # No loss functions for GAN's step: train_step below calls critic_loss and generator_loss.
         super().__init__(generator, critic, None, None, hparams.Z_DIM, cfg, runtime, data)

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from common import distributed, evaluation, loop
-from common.config import RunConfig
+from common import evaluation, loop
+from common.config import RunConfig, batch_division, check_batch_among_replicas
 from common.errors import UserError, described, file_system_problem, out_of_memory_problem
 from common.pytorch import amp
 from common.pytorch import porting as torch_porting
@@ -37,6 +37,7 @@ class Trainer(Protocol):
     modules: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
     averages: dict[str, ExponentialMovingAverage]
+    cfg: RunConfig  # its flags: the session reads how its batch divides (config.batch_division)
     z_dim: int
     noise_shape: tuple[int, int]  # the sample grids' fixed noise: (rows, width)
 
@@ -53,7 +54,7 @@ class Session:
         self.noise_shape = trainer.noise_shape
         self.profiler = Profiler(runtime.device)
         self.replicas = runtime.replicas
-        self.batch_parts = getattr(trainer, "batch_parts", 1)
+        self.batch_parts = batch_division(trainer.cfg)[0]
 
     def _local(self, indices):
         """This replica's examples of the global batch (all of them in one process)."""
@@ -147,8 +148,7 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
     and prints."""
     shape = data.dataset.sample_shape
     replicas = runtime.replicas
-    distributed.check_batch(cfg.batch_size, replicas.count, getattr(trainer, "batch_parts", 1),
-                            quiet=not replicas.writer, pack=getattr(trainer, "pack", 1))
+    check_batch_among_replicas(cfg, replicas.count, quiet=not replicas.writer)
     run = loop.open_run(
         cfg, runtime.precision, {"device": str(runtime.device), "replicas": replicas.count,
                                  "versions": {"torch": torch.__version__, "numpy": np.__version__}},

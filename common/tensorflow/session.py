@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from common import distributed, evaluation, loop
-from common.config import RunConfig
+from common import evaluation, loop
+from common.config import RunConfig, batch_division, check_batch_among_replicas
 from common.runs import BatchOrder, RunFolder
 from common.tensorflow import amp
 from common.tensorflow import porting as keras_porting
@@ -39,6 +39,7 @@ class Trainer(Protocol):
     optimizers: dict[str, keras.optimizers.Optimizer]
     noise: Noise
     averages: dict[str, ExponentialMovingAverage]
+    cfg: RunConfig  # its flags: the session reads how its batch divides (config.batch_division)
     z_dim: int
     noise_shape: tuple[int, int]  # the sample grids' fixed noise: (rows, width)
 
@@ -55,7 +56,7 @@ class Session:
         self.noise_shape = trainer.noise_shape
         self.profiler = Profiler()
         self.replicas = runtime.replicas
-        self.batch_parts = getattr(trainer, "batch_parts", 1)  # WGAN-GP: its critic batches
+        self.batch_parts = batch_division(trainer.cfg)[0]  # WGAN-GP: its critic batches
         if runtime.sync_bn:
             for module in trainer.modules.values():
                 synchronize_batch_norm(module)
@@ -150,8 +151,7 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
     shared loop, which runs the step compiled by tf.function (with XLA under --xla). Under
     --distribute multi-worker only worker 0 writes and prints."""
     replicas = runtime.replicas
-    distributed.check_batch(cfg.batch_size, replicas.count, getattr(trainer, "batch_parts", 1),
-                            quiet=not replicas.writer, pack=getattr(trainer, "pack", 1))
+    check_batch_among_replicas(cfg, replicas.count, quiet=not replicas.writer)
     run = loop.open_run(
         cfg, runtime.precision, {"device": runtime.device_type, "replicas": replicas.count,
                                  "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
