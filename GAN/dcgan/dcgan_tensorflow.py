@@ -41,7 +41,7 @@ from GAN.vanilla_gan.gan_tensorflow import discriminator_loss, generator_loss
 
 # Convolutions ~ N(0, 0.02) (the DCGAN paper); batch-norm scale ~ N(1, 0.02), shift 0 (the
 # PyTorch DCGAN example's weights_init).
-def conv() -> dict:
+def conv_init() -> dict:
     """A fresh initializer per layer, made after --seed is set: one made at import time
     would draw its seed before seeding (a different init every run) and give layers of the
     same shape the same weights."""
@@ -58,7 +58,7 @@ def refine(channels: int, activation) -> list[layers.Layer]:
     """hparams.REFINE_CONVS 3x3 convolutions (batch norm, `activation()`) that keep the size
     and the channels."""
     return [layer for _ in range(hparams.REFINE_CONVS)
-            for layer in (layers.Conv2D(channels, 3, 1, "same", **conv()), batch_norm(), activation())]
+            for layer in (layers.Conv2D(channels, 3, 1, "same", **conv_init()), batch_norm(), activation())]
 
 
 def leaky_relu() -> layers.LeakyReLU:
@@ -71,14 +71,14 @@ def make_generator(image_shape: tuple, width: int) -> keras.Model:
     features = width * 2 ** (upsamplings - 1)
     # z as 1x1x100 -> 7x7x64: one transposed convolution as large as the smallest map (a matmul)
     stack = [keras.Input((hparams.Z_DIM,)), layers.Reshape((1, 1, hparams.Z_DIM)),
-             Conv2DTranspose(features, base, 1, "valid", **conv()),
+             Conv2DTranspose(features, base, 1, "valid", **conv_init()),
              batch_norm(), layers.ReLU(), *refine(features, layers.ReLU)]  # 7x7x64 -> 7x7x64
     for _ in range(upsamplings - 1):  # 7x7x64 -> 14x14x32: each doubles the side, halves the channels
-        stack += [layers.Conv2DTranspose(features // 2, 4, 2, "same", **conv()),
+        stack += [layers.Conv2DTranspose(features // 2, 4, 2, "same", **conv_init()),
                   batch_norm(), layers.ReLU(), *refine(features // 2, layers.ReLU)]
         features //= 2
     # 14x14x32 -> 28x28x1, in float32
-    stack += [layers.Conv2DTranspose(channels, 4, 2, "same", dtype="float32", **conv()),
+    stack += [layers.Conv2DTranspose(channels, 4, 2, "same", dtype="float32", **conv_init()),
               layers.Activation("tanh", dtype="float32")]
     return keras.Sequential(stack, name="generator")
 
@@ -89,14 +89,14 @@ def make_discriminator(image_shape: tuple, width: int) -> keras.Model:
     features = width
     # 28x28x1 -> 14x14x32, no batch norm on the input
     stack = [keras.Input(image_shape),
-             layers.Conv2D(features, 4, 2, "same", **conv()), leaky_relu(),
+             layers.Conv2D(features, 4, 2, "same", **conv_init()), leaky_relu(),
              *refine(features, leaky_relu)]  # 14x14x32 -> 14x14x32
     for _ in range(downsamplings - 1):  # 14x14x32 -> 7x7x64: each halves the side, doubles the channels
-        stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv()),
+        stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv_init()),
                   batch_norm(), leaky_relu(), *refine(features * 2, leaky_relu)]
         features *= 2
     # 7x7x64 -> 1x1x1, one logit in float32 (a matmul)
-    stack += [Conv2D(1, base, 1, "valid", dtype="float32", **conv()),
+    stack += [Conv2D(1, base, 1, "valid", dtype="float32", **conv_init()),
               layers.Flatten(dtype="float32")]
     return keras.Sequential(stack, name="discriminator")
 

@@ -53,7 +53,7 @@ from GAN.gan_step_tensorflow import GAN
 from GAN.wgan_gp import hparams
 
 
-def conv() -> dict:
+def conv_init() -> dict:
     """N(0, 0.02) weights as DCGAN's, zero biases; a fresh initializer per layer, made after
     --seed is set."""
     return dict(kernel_initializer=keras.initializers.RandomNormal(0.0, hparams.INIT_STD),
@@ -68,14 +68,14 @@ def make_critic(image_shape: tuple, width: int) -> keras.Model:
     base, downsamplings = dcgan_hparams.geometry(height, image_width)
     features = width
     # 28x28x1 -> 14x14x32
-    stack = [keras.Input(image_shape), layers.Conv2D(features, 4, 2, "same", **conv()),
+    stack = [keras.Input(image_shape), layers.Conv2D(features, 4, 2, "same", **conv_init()),
              layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
     for _ in range(downsamplings - 1):  # 14x14x32 -> 7x7x64: each halves the side, doubles the channels
-        stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv()),
+        stack += [layers.Conv2D(features * 2, 4, 2, "same", **conv_init()),
                   layers.LeakyReLU(negative_slope=hparams.LEAKY_SLOPE)]
         features *= 2
     # 7x7x64 -> 1x1x1, one score in float32 (a matmul: common/tensorflow/layers.py, as DCGAN's D)
-    stack += [Conv2D(1, base, 1, "valid", dtype="float32", **conv()), layers.Flatten(dtype="float32")]
+    stack += [Conv2D(1, base, 1, "valid", dtype="float32", **conv_init()), layers.Flatten(dtype="float32")]
     return keras.Sequential(stack, name="critic")
 
 
