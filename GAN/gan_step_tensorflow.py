@@ -40,8 +40,8 @@ from common.tensorflow.session import fit
 class GAN:
     """One GAN as common/tensorflow/session.py's fit() trains it: G and D with their optimizers
     (and G's weight average), `train_step` (the iteration laid out at the top of this file),
-    and the samples drawn from the run's fixed noise. `modules`, `optimizers` and `averages`
-    are what checkpoints hold."""
+    and the samples drawn from the run's fixed noise. `modules`, `optimizers`, `averages` and
+    the draw counter of `noise` are what checkpoints hold."""
 
     def __init__(self, generator: keras.Model, discriminator: keras.Model, discriminator_loss,
                  generator_loss, z_dim: int, cfg, runtime: Runtime, data):

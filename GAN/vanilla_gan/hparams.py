@@ -54,7 +54,8 @@ DATASET_DEFAULTS = {
 
 
 def pack(data_shape: tuple) -> int:
-    """How many samples D judges at once: POINT_PACK on 2-D points, 1 on images."""
+    """How many samples D judges at once: POINT_PACK on 2-D points, 1 on images. (Points come
+    from POINT_DATASETS only, which batch_division and validate below name.)"""
     return POINT_PACK if len(data_shape) == 1 else 1
 
 

@@ -110,7 +110,7 @@ def gradient_penalty(critic: nn.Module, real, fake, eps, scaler: torch.amp.GradS
     backward op then runs in the dtype its forward op ran in."""
     x_hat = (eps * real + (1.0 - eps) * fake).detach().requires_grad_(True)
     scaled_scores = scaler.scale(critic(x_hat))  # unchanged when the scaler is off
-    with torch.autocast(x_hat.device.type, enabled=False):
+    with torch.autocast(device_type=x_hat.device.type, enabled=False):
         (gradients,) = torch.autograd.grad(scaled_scores, x_hat, grad_outputs=torch.ones_like(scaled_scores),
                                            create_graph=True)
     scale = scale_on_device(scaler, x_hat.device)  # after scale(): the scale it just used
@@ -149,6 +149,8 @@ class WGANGP(GAN):
         # Under float16, whether any of the 6 updates was skipped (the scale is compared around
         # each update(): over the whole iteration a growth and a backoff would cancel out).
         skips = SkippedUpdates(self.scaler, device)
+        # Under torchrun each critic batch was sharded on its own (hparams.batch_division), so
+        # part i here is this replica's share of critic batch i, as in one process.
         for real_part in torch.chunk(real, hparams.CRITIC_STEPS):
             count = real_part.shape[0]
             # torch.randn and torch.rand in one process; under torchrun this replica's share

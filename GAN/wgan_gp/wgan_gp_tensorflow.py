@@ -147,6 +147,8 @@ class WGANGP(GAN):
         # Under float16, whether any of the 6 updates was skipped (the scales are compared around
         # each update: over the iteration the critic's doubling and halving would cancel out).
         skips = SkippedUpdates([self.critic_optimizer, self.g_optimizer])
+        # Under --distribute each critic batch was sharded on its own (hparams.batch_division),
+        # so part i here is this replica's share of critic batch i, as in one process.
         for real_part in tf.split(real, hparams.CRITIC_STEPS):  # unrolled by tf.function
             count = tf.shape(real_part)[0]
             z = self.replicas.normal(self.noise, count, self.z_dim)  # noise.normal in one process

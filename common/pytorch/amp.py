@@ -43,7 +43,7 @@ class FullPrecision(nn.Module):
         # no autocast to leave: skips the context's ~7 us a call
         if x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):
             return self.layer(x)
-        with torch.autocast(x.device.type, enabled=False):
+        with torch.autocast(device_type=x.device.type, enabled=False):
             return self.layer(x.float())
 
 

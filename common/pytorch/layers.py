@@ -18,8 +18,8 @@ class ConvTranspose2d(nn.ConvTranspose2d):
     """PyTorch's transposed convolution, computed from a 1x1 map (DCGAN's z -> 7x7x64) as the
     matmul it is: out[n, o, i, j] = sum_c z[n, c] * weight[c, o, i, j], the same weights.
     The Keras twins' Conv2DTranspose does the same. With Conv2d below, one DCGAN iteration's
-    network work (forward and backward passes, no optimizer) took 1.06x less time with oneDNN
-    held to AVX2 and 1.08-1.11x less under AMP on a Xeon with AMX (README, "DCGAN"). Any other
+    network work (forward and backward passes, no optimizer) ran 1.06x as fast with oneDNN held
+    to AVX2 and 1.08-1.11x as fast under AMP on a Xeon with AMX (README, "DCGAN"). Any other
     input takes PyTorch's own path."""
 
     def forward(self, x, output_size=None):

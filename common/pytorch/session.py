@@ -54,7 +54,7 @@ class Session:
         self.noise_shape = trainer.noise_shape
         self.profiler = Profiler(runtime.device)
         self.replicas = runtime.replicas
-        self.batch_parts = batch_division(trainer.cfg)[0]
+        self.batch_parts = batch_division(trainer.cfg)[0]  # WGAN-GP: its critic batches
 
     def _local(self, indices):
         """This replica's examples of the global batch (all of them in one process)."""
@@ -117,7 +117,7 @@ class Session:
             # Under --compile, sample grids and evaluation (other batch sizes, eval mode) run
             # eagerly rather than compiling graphs used once.
             with torch.no_grad(), torch.compiler.set_stance("force_eager"), \
-                    torch.autocast(self.runtime.device.type, dtype=dtype, enabled=dtype is not None):
+                    torch.autocast(device_type=self.runtime.device.type, dtype=dtype, enabled=dtype is not None):
                 yield
         finally:
             for module in modules:
