@@ -878,7 +878,23 @@ def _list_image_files(root: Path) -> list[tuple[Path, int]]:
 
 
 def _images_in(folder: Path) -> list[Path]:
-    return [path for path in _visible_entries(folder) if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES]
+    images = []
+    for path in _visible_entries(folder):
+        if path.suffix.lower() not in IMAGE_SUFFIXES:
+            continue
+        if path.is_file():
+            images.append(path)
+        elif path.is_symlink() and not path.exists():  # skipped, it left a class short (or empty) unsaid
+            raise DataError(f"{path} is a link to {_link_target(path)}, which does not exist (a drive not "
+                            "mounted?); restore its target or delete the link")
+    return images
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "a file it cannot read"
 
 
 def _visible_entries(folder: Path) -> list[Path]:

@@ -636,6 +636,20 @@ def random_pixels(shape: tuple, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
 
 
+def test_a_link_to_a_missing_image_is_named_not_skipped(tmp_path):
+    """A folder of links into a drive not mounted: skipped, the links left a class short, or a
+    folder said to hold no images, without a word of why."""
+    save_image(tmp_path / "cats" / "a.png", random_pixels((8, 6, 3), 0))
+    save_image(tmp_path / "dogs" / "c.png", random_pixels((8, 6, 3), 2))
+    (tmp_path / "cats" / "b.png").symlink_to(tmp_path / "elsewhere" / "b.png")
+    with data_error(f"{tmp_path / 'cats' / 'b.png'} is a link to {tmp_path / 'elsewhere' / 'b.png'}, which does "
+                    "not exist", "restore its target or delete the link"):
+        load_dataset("folder", tmp_path)
+    (tmp_path / "cats" / "b.png").unlink()
+    (tmp_path / "cats" / "a-link.png").symlink_to(tmp_path / "cats" / "a.png")  # a sound link is an image
+    assert load_dataset("folder", tmp_path).y.tolist() == [0, 0, 1]
+
+
 def test_image_folder_with_two_classes(tmp_path):
     cat_a = save_image(tmp_path / "cats" / "a.png", random_pixels((8, 6, 3), 0))
     cat_b = save_image(tmp_path / "cats" / "b.png", random_pixels((8, 6, 3), 1))
