@@ -361,6 +361,38 @@ def test_the_convolutional_discriminators_score_in_float32_under_amp(model):
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.parametrize("model, data_shape", [("vanilla_gan", (28, 28, 1)), ("vanilla_gan", (2,)),
+                                               ("dcgan", (28, 28, 1))], ids=["mlp-images", "mlp-points", "dcgan"])
+def test_every_output_layer_computes_in_float32_under_amp(model, data_shape):
+    """G's last layer (before tanh) and the MLP D's logit layer compute in float32 in both
+    twins, as the convolutional discriminators' above: a bfloat16 sample or logit keeps 8 bits.
+    (Mutation round 12: G's output layers and the Keras MLP D's logit without float32 went
+    unseen; Keras' float32 activation and reshape after them cast the rounded values back.)"""
+    import keras
+    import tensorflow as tf
+
+    torch_script, keras_script = (gan_pytorch, gan_tensorflow) if model == "vanilla_gan" else (
+        dcgan_pytorch, dcgan_tensorflow)
+    torch_shape = (data_shape[2], *data_shape[:2]) if len(data_shape) == 3 else data_shape
+    networks = torch_script.build_networks(torch_shape, 8)
+    z = torch.randn(4, dcgan_hparams.Z_DIM)
+    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
+        fake = networks["generator"](z)
+        logits = networks["discriminator"](fake)
+    assert fake.dtype == logits.dtype == torch.float32
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        networks = keras_script.build_networks(data_shape, 8)
+        for name, network in networks.items():
+            weighted = [layer for layer in network.layers if layer.weights]
+            assert weighted[0].compute_dtype == "bfloat16", name  # the policy is really on
+            assert weighted[-1].compute_dtype == "float32", name  # the output layer, not a cast after it
+        fake = networks["generator"](tf.random.normal((4, dcgan_hparams.Z_DIM)), training=False)
+        assert fake.dtype == networks["discriminator"](fake, training=False).dtype == tf.float32
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 def test_dcgan_batch_norm_momentum_and_epsilon_are_pytorchs_in_both_twins():
     """PyTorch's conventions (momentum 0.1 of the batch, epsilon 1e-5), Keras' momentum written
     as 1 - 0.1: Keras' own defaults (0.99, 1e-3) would make the twins normalise differently."""
