@@ -1642,6 +1642,47 @@ def test_full_precision_runs_a_float32_input_in_float32_inside_autocast():
     torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("model", ["vanilla_gan", "wgan_gp", "vanilla_vae"])
+def test_every_forward_pass_of_a_pytorch_amp_step_runs_under_autocast(model):
+    """Under --amp the training steps run every network's hidden layers in bfloat16, in every
+    forward pass of the step: D's for G's loss too, the critic's in each of WGAN-GP's updates
+    and its penalty, G's and the VAE's encoder and decoder. Only the FullPrecision output
+    layers leave autocast. (Mutation round 12: the GAN step's G update with autocast off, D
+    then computing G's loss in float32, went unseen.)"""
+    import torch
+
+    from common.pytorch.amp import FullPrecision
+    from tests.conftest import runtime_and_data
+
+    entry = models.get(model)
+    script = entry.module("pytorch")
+    cfg = parse_args(model, "pytorch", ["--amp", "--amp-dtype", "bfloat16", "--width", "8", "--batch-size", "20",
+                                        "--data-limit", "64"])
+    runtime, data = runtime_and_data(cfg, entry.hparams.PIXEL_RANGE)
+    networks = script.build_networks(data.sample_shape, cfg.width)
+    if model == "vanilla_vae":
+        trainer = script.VAE(networks["encoder"], networks["decoder"], cfg, runtime)
+    elif model == "wgan_gp":
+        trainer = script.WGANGP(networks["generator"], networks["discriminator"], cfg, runtime, data)
+    else:
+        from GAN.gan_step_pytorch import GAN
+
+        trainer = GAN(networks["generator"], networks["discriminator"], script.discriminator_loss,
+                      script.generator_loss, entry.hparams.Z_DIM, cfg, runtime, data)
+    computed = {name: [] for name in trainer.modules}
+    for name, network in trainer.modules.items():
+        in_float32 = {id(layer) for wrapper in network.modules() if isinstance(wrapper, FullPrecision)
+                      for layer in wrapper.modules()}
+        for layer in network.modules():
+            if isinstance(layer, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and (
+                    id(layer) not in in_float32):
+                layer.register_forward_hook(
+                    lambda module, inputs, output, name=name: computed[name].append(output.dtype))
+    trainer.train_step(data.batch(torch.arange(cfg.batch_size)))
+    for name, dtypes in computed.items():
+        assert dtypes and set(dtypes) == {torch.bfloat16}, f"{name}: {dtypes}"
+
+
 def test_an_evaluation_without_save_samples_writes_no_samples_file_and_keeps_the_last(tmp_path, monkeypatch):
     """--evaluate alone measures the samples and keeps none: the evaluation is handed no keep
     (mutation round 10: handing keep over always went unseen), and the samples an earlier
