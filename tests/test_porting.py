@@ -180,58 +180,37 @@ def test_big_endian_weights_load_in_both_twins_with_the_same_values(tmp_path):
     assert all(v.dtype.isnative for layers in loaded.values() for _, values in layers for v in values)
 
 
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 @pytest.mark.parametrize("model", ["vanilla_gan", "lsgan", "vanilla_vae", "wgan_gp"])
-def test_pytorch_dense_layers_start_as_keras_dense_layers_do(model):
-    """Glorot-uniform weights and zero biases in every nn.Linear, Keras' Dense defaults: the
-    twins then start from the same distribution. PyTorch's own default draws the biases
-    uniformly, which the porting and parity tests, handing weights across, never see.
-    (DCGAN's networks have no Linear layer; WGAN-GP's are its MLPs for the 2-D points.)"""
-    from GAN.wgan_gp import wgan_gp_pytorch
+def test_dense_layers_start_glorot_uniform_with_zero_biases_in_both_twins(model, framework):
+    """Glorot-uniform weights and zero biases in every nn.Linear and Keras Dense layer (Keras'
+    Dense defaults, common/tensorflow/layers.py's DENSE_INIT): the twins then start from the
+    same distribution. PyTorch's own default draws the biases uniformly, which the porting and
+    parity tests, handing weights across, never see. (DCGAN's networks have no dense layer;
+    WGAN-GP's are its MLPs for the 2-D points. Mutation round 12: another initializer in
+    DENSE_INIT went unseen when only the PyTorch twins were checked.)"""
+    from GAN.wgan_gp import wgan_gp_pytorch, wgan_gp_tensorflow
 
-    torch.manual_seed(0)
-    if model == "wgan_gp":
-        networks = wgan_gp_pytorch.build_networks((2,), 8).values()
+    if framework == "pytorch":
+        torch.manual_seed(0)
+        networks = (wgan_gp_pytorch.build_networks((2,), 8).values() if model == "wgan_gp" else
+                    [make_torch() for _, make_torch, _, _ in parity.networks(model, SHAPES[0])])
+        layers = [(layer.weight.detach().numpy().T, layer.bias.detach().numpy()) for network in networks
+                  for layer in network.modules() if isinstance(layer, torch.nn.Linear)]
     else:
-        networks = [make_torch() for _, make_torch, _, _ in parity.networks(model, SHAPES[0])]
-    linear_layers = 0
-    for network in networks:
-        for layer in network.modules():
-            if isinstance(layer, torch.nn.Linear):
-                linear_layers += 1
-                fan_out, fan_in = layer.weight.shape
-                assert layer.bias is not None and not layer.bias.any(), layer
-                limit = (6 / (fan_in + fan_out)) ** 0.5
-                assert layer.weight.abs().max() <= limit and layer.weight.abs().max() > 0.9 * limit, layer
-    assert linear_layers >= 2, model
+        import keras
 
-
-@pytest.mark.parametrize("model", ["vanilla_gan", "vanilla_vae", "wgan_gp"])
-def test_keras_dense_layers_start_as_the_pytorch_twins_do(model):
-    """The Keras side of the test above: glorot-uniform kernels and zero biases in every Dense
-    layer (common/tensorflow/layers.py's DENSE_INIT), so both twins start from one distribution.
-    (Mutation round 12: another initializer in DENSE_INIT went unseen; the test above checks
-    the PyTorch twins only.)"""
-    import keras
-
-    from GAN.wgan_gp import wgan_gp_tensorflow
-
-    keras.utils.set_random_seed(0)
-    if model == "wgan_gp":
-        networks = wgan_gp_tensorflow.build_networks((2,), 8).values()
-    else:
-        networks = [make_keras() for _, _, make_keras, _ in parity.networks(model, SHAPES[0])]
-    dense_layers = 0
-    for network in networks:
-        for layer in network.layers:
-            if isinstance(layer, keras.layers.Dense):
-                dense_layers += 1
-                kernel, bias = (np.asarray(weight) for weight in layer.get_weights())
-                fan_in, fan_out = kernel.shape
-                assert not bias.any(), layer.name
-                limit = (6 / (fan_in + fan_out)) ** 0.5
-                assert np.abs(kernel).max() <= limit, layer.name
-                assert kernel.size < 100 or np.abs(kernel).max() > 0.9 * limit, layer.name  # uniform to the limit
-    assert dense_layers >= 2, model
+        keras.utils.set_random_seed(0)
+        networks = (wgan_gp_tensorflow.build_networks((2,), 8).values() if model == "wgan_gp" else
+                    [make_keras() for _, _, make_keras, _ in parity.networks(model, SHAPES[0])])
+        layers = [tuple(np.asarray(weight) for weight in layer.get_weights()) for network in networks
+                  for layer in network.layers if isinstance(layer, keras.layers.Dense)]
+    assert len(layers) >= 2, model
+    for kernel, bias in layers:  # kernel: (fan_in, fan_out)
+        assert not bias.any(), kernel.shape
+        limit = (6 / sum(kernel.shape)) ** 0.5
+        assert np.abs(kernel).max() <= limit, kernel.shape
+        assert np.abs(kernel).max() > 0.9 * limit, kernel.shape  # uniform to the limit
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
