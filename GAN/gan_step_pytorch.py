@@ -8,7 +8,8 @@ One iteration:
     2. update D on real vs. that fake batch, detached so no gradient reaches G;
     3. update G through the just-updated D on the same fake batch, attached (as the PyTorch
        DCGAN example does: G runs once per iteration, not twice);
-    4. one GradScaler for both networks, as the PyTorch AMP examples do for "multiple models,
+    4. one GradScaler for both networks (`torch.amp.GradScaler(device_type, enabled=float16)`,
+       made in common/pytorch/amp.py), as the PyTorch AMP examples do for "multiple models,
        losses and optimizers": scale each loss, step each optimizer (each skips its own step
        on inf/NaN gradients), update the scale once per iteration. The session adds the
        "skipped" metric: whether update() backed the scale off (common/pytorch/session.py).
