@@ -12,8 +12,9 @@ One iteration (compiled once by tf.function in common/tensorflow/session.py):
        together: common/tensorflow/amp.py; made in common/tensorflow/optimizers.py), scales
        its loss (`scale_loss`), and in `apply_gradients` unscales the gradients, skips its
        own step on inf/NaN and adjusts its scale. Each optimizer has a scale of its own,
-       where the PyTorch twin's one GradScaler serves both (the logged loss scale is the smaller). Under bfloat16 and
-       float32 the optimizers are plain ones, whose `scale_loss` returns the loss unchanged.
+       where the PyTorch twin's one GradScaler serves both (the logged loss scale is the
+       smaller). Under bfloat16 and float32 the optimizers are plain ones, whose `scale_loss`
+       returns the loss unchanged.
 The policy set before the networks were built (`keras.mixed_precision.set_global_policy(
 "mixed_float16")` or "mixed_bfloat16", in common/tensorflow/runtime.py's setup) makes their
 layers compute in 16 bits; the output layers were built with dtype="float32".
