@@ -43,11 +43,11 @@ POINT_HIDDEN_LAYERS = 3
 # Adam 7e-4 rather than the paper's 1e-4 (its beta1 0 and beta2 0.9 kept), for as many
 # iterations as a default run's 15-minute budget allowed (3,500: 13 min 53 s in PyTorch on a
 # 2-core Zen 4; 11 min 9 s since the end layers are matmuls; estimated on an AVX2-only CPU,
-# about 13.5-15 in PyTorch and 14-17 in TensorFlow). MNIST's FID
-# at 3,500 iterations, float32, seed 0, PyTorch / TensorFlow: 62.2 / 54.5 at 3e-4, 52.5 / 45.5
-# at 5e-4, 39.8 / 32.5 at 7e-4 (README, "WGAN-GP"). Samples come from G itself: the average of
-# G's weights (--ema-decay 0.999) moved those six FIDs by -2.8 to +4.0, +0.8 on the mean, so
-# the other GANs' default is not taken here.
+# about 13.5-15 in PyTorch and 14-17 in TensorFlow). MNIST's FID at 3,500 iterations, float32,
+# seed 0, PyTorch / TensorFlow: 62.2 / 54.5 at 3e-4, 52.5 / 45.5 at 5e-4, 39.8 / 32.5 at 7e-4
+# (README, "WGAN-GP"). Samples come from G itself: the average of G's weights (--ema-decay
+# 0.999) moved those six FIDs by -2.8 to +4.0, +0.8 on the mean, so the other GANs' default is
+# not taken here.
 DEFAULTS = dict(
     width=WIDTH,
     iters=3500,
