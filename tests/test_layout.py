@@ -142,6 +142,12 @@ def test_every_model_folder_is_registered_and_its_scripts_exist():
     for model in models.MODELS.values():
         assert all(model.script(framework).is_file() for framework in models.FRAMEWORKS)
         assert model.hparams.DEFAULTS and model.hparams.PIXEL_RANGE
+        assert (REPO / model.folder / "__init__.py").is_file(), model.folder  # pip install -e . finds it by it
+        for framework in models.FRAMEWORKS:  # a refused flag is one line, not a traceback
+            script = model.script(framework)
+            (main,) = [node for node in ast.parse(script.read_text()).body
+                       if isinstance(node, ast.FunctionDef) and node.name == "main"]
+            assert [ast.unparse(decorator) for decorator in main.decorator_list] == ["exit_on_user_error"], script
         for alias in (model.key, *model.aliases):
             assert models.get(alias) is model
 
