@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from common import models
 from GAN.dcgan import dcgan_pytorch, dcgan_tensorflow
 from GAN.dcgan import hparams as dcgan_hparams
 from GAN.least_squares_gan import lsgan_pytorch, lsgan_tensorflow
@@ -443,3 +444,30 @@ def test_the_gan_step_feeds_g_standard_normal_noise_one_row_per_real_example(fra
     (z,) = drawn
     assert z.shape == (64, hparams.Z_DIM) and z.dtype == np.float32
     assert abs(z.mean()) < 0.05 and abs(z.std() - 1) < 0.05 and z.min() < -2.5  # 6,400 draws
+
+
+def d_packs_points(model: str) -> bool:
+    """Whether the model's D judges 2-D points in packs (PacGAN): it scores 4 points, not 3."""
+    networks = models.get(model).module("pytorch").build_networks((2,), 8)
+    networks["discriminator"](torch.zeros(4, 2))
+    try:
+        networks["discriminator"](torch.zeros(3, 2))
+    except RuntimeError:
+        return True
+    return False
+
+
+def test_every_model_whose_d_packs_points_refuses_a_batch_its_packs_do_not_divide():
+    """A new model that takes the vanilla GAN's networks takes their packs, and must say so in
+    its hparams.py (batch_division, validate): without them an odd batch on the mixtures ended
+    in a reshape's traceback (a contributor following "Adding a model" met it)."""
+    from common.config import parse_args
+    from common.errors import UsageError
+
+    packing = [key for key, model in models.MODELS.items() if model.family == "GAN" and not model.images_only
+               and d_packs_points(key)]
+    assert {"vanilla_gan", "lsgan"} <= set(packing)
+    for model in packing:
+        with pytest.raises(UsageError, match="packs of 2"):
+            parse_args(model, "pytorch", ["--dataset", "ring8", "--batch-size", "63"])
+        assert parse_args(model, "pytorch", ["--dataset", "ring8", "--batch-size", "62"]).batch_size == 62
