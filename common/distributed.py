@@ -1,7 +1,7 @@
 """Data-parallel training, the part both frameworks share: which rows of the global batch a
-replica trains on, and what the loop asks of the replicas (the Replicas of
-common/pytorch/runtime.py and common/tensorflow/runtime.py fulfil it). It imports no
-framework.
+replica trains on, the flags every replica must share, and what the loop asks of the
+replicas (the Replicas of common/pytorch/runtime.py and common/tensorflow/runtime.py fulfil
+it). It imports no framework.
 
 --batch-size is the global batch. Each of N replicas trains on batch/N of its examples and
 on its rows of the noise drawn for the whole batch from the run's seed (PyTorch: the same
@@ -11,6 +11,9 @@ batch (WGAN-GP: 5 critic batches) names the parts, and each part is sharded on i
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import zlib
 from typing import Callable, Protocol, TypeVar
 
 from common.errors import UsageError, UserError
@@ -35,6 +38,52 @@ def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False
                 + (f" x packs of {pack} samples" if pack > 1 else ""))
         raise UsageError(f"--batch-size {batch_size} does not divide among {what}: use a multiple "
                          f"of {unit} (the global batch; each replica trains on batch / {count})", quiet=quiet)
+
+
+# What a replica's own machine decides: where it finds the data and the run (a shared folder
+# mounted at another path) and its loader threads. Every other flag must be the same on every
+# replica: a different --iters ended TensorFlow's workers in a traceback, a different
+# --batch-size trained on unequal shards, a different --lr would step the replicas apart.
+PER_MACHINE_SETTINGS = ("data_dir", "out", "workers")
+
+
+def shared_settings(cfg) -> dict:
+    """The settings of a run (a RunConfig) that every replica must share, by name."""
+    return {name: value for name, value in sorted(dataclasses.asdict(cfg).items())
+            if name not in PER_MACHINE_SETTINGS}
+
+
+def settings_fingerprint(cfg) -> list[int]:
+    """One number per shared setting, a 31-bit CRC of its value (an int32 for TensorFlow's
+    collectives), in name order: what the replicas gather and compare as they start."""
+    return [zlib.crc32(json.dumps(value).encode()) >> 1 for value in shared_settings(cfg).values()]
+
+
+def check_same_settings(cfg, fingerprints: list[list[int]], who: str = "replicas", quiet: bool = False) -> None:
+    """One UsageError line on every replica (printed by one: `quiet` on the others) unless the
+    `fingerprints` of all (settings_fingerprint's) match: it names the flags that differ, and
+    this replica's values of them. `who`: "replicas" (torchrun's) or "workers" (TF_CONFIG's)."""
+    settings = shared_settings(cfg)
+    apart = [name for index, name in enumerate(settings) if len({replica[index] for replica in fingerprints}) > 1]
+    if apart:
+        here = ", ".join(_as_flag(name, settings[name]) for name in apart)
+        may_differ = ", ".join(_as_flag(name) for name in PER_MACHINE_SETTINGS)
+        raise UsageError(f"the {who} were started with different {', '.join(_as_flag(name) for name in apart)} "
+                         f"(here: {here}): start every one with the same flags (only {may_differ} may differ)",
+                         quiet=quiet)
+
+
+_MISSING = object()
+
+
+def _as_flag(name: str, value=_MISSING) -> str:
+    """A setting as its flag (`value`: as set), "--no-tensorboard" for TensorBoard's."""
+    if name == "tensorboard":
+        return "--no-tensorboard" if value is _MISSING or not value else "TensorBoard on"
+    flag = "--" + name.replace("_", "-")
+    if value is _MISSING or value is True:
+        return flag
+    return f"no {flag}" if value is None or value is False else f"{flag} {value}"
 
 
 class ReplicaFailed(UserError):

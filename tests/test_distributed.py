@@ -133,6 +133,81 @@ def test_a_relayed_signal_is_the_same_stop_request_and_a_later_one_quits(monkeyp
             time.sleep(0.1)
 
 
+# --- the replicas' flags, compared as they start --------------------------------------------
+
+def fingerprints_of(*argvs: list[str]) -> tuple[list, list[list[int]]]:
+    from common.config import parse_args
+
+    configs = [parse_args("vanilla_gan", "pytorch", argv) for argv in argvs]
+    return configs, [distributed.settings_fingerprint(cfg) for cfg in configs]
+
+
+def test_replicas_started_with_different_flags_are_one_line_naming_them_and_this_ones_values():
+    (here, _), fingerprints = fingerprints_of(["--lr", "1e-3", "--no-tensorboard"],
+                                              ["--amp", "--out", "/elsewhere", "--workers", "2"])
+    with pytest.raises(UsageError) as refused:
+        distributed.check_same_settings(here, fingerprints, "workers", quiet=True)
+    assert str(refused.value) == ("the workers were started with different --amp, --lr, --no-tensorboard (here: "
+                                  "no --amp, --lr 0.001, --no-tensorboard): start every one with the same flags "
+                                  "(only --data-dir, --out, --workers may differ)")
+    assert refused.value.quiet and refused.value.exit_code == 2
+
+
+def test_replicas_may_differ_only_in_their_machines_paths_and_loader_threads():
+    (here, _), fingerprints = fingerprints_of([], ["--out", "/elsewhere", "--workers", "2"])
+    distributed.check_same_settings(here, fingerprints)
+    (here, *_), fingerprints = fingerprints_of([], [], ["--seed", "1"])  # the third of three
+    with pytest.raises(UsageError, match="different --seed \\(here: --seed 0\\)"):
+        distributed.check_same_settings(here, fingerprints)
+
+
+def test_every_other_setting_enters_the_fingerprint():
+    """A value changed in any one field of RunConfig but the per-machine ones changes its
+    number, and only its number."""
+    import dataclasses
+
+    (base,), (plain,) = fingerprints_of([])
+    names = list(distributed.shared_settings(base))
+    assert set(names) == {field.name for field in dataclasses.fields(base)} - set(distributed.PER_MACHINE_SETTINGS)
+    for index, name in enumerate(names):
+        value = getattr(base, name)
+        other = (not value if isinstance(value, bool) else value + 1 if isinstance(value, (int, float))
+                 else "x" if value is None else f"{value}x")
+        changed = distributed.settings_fingerprint(dataclasses.replace(base, **{name: other}))
+        assert [i for i, (a, b) in enumerate(zip(plain, changed)) if a != b] == [index], name
+        assert all(0 <= number < 2**31 for number in changed)  # an int32 for TensorFlow's gather
+
+
+def test_replicas_started_with_different_flags_end_before_training_with_one_line(tmp_path):
+    """Two replicas joined by hand, as torchrun on two machines would start them (each
+    machine's own command line): rank 1 asks for more iterations. They used to train until
+    rank 0 finished and rank 1 lost contact."""
+    port = free_port()
+    processes = [subprocess.Popen(
+        [sys.executable, SCRIPTS["vanilla_gan"], "--out", str(tmp_path / f"run{rank}"), *FAST,
+         "--iters", str(2 + rank)],
+        cwd=REPO, env={**replica_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) for rank in (0, 1)]
+    results = []
+    try:
+        for process in processes:
+            out, err = process.communicate(timeout=TIMEOUT_S)
+            results.append((process.returncode, out, err))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+    (code0, _, err0), (code1, out1, err1) = results
+    assert (code0, code1) == (2, 2), (err0[-2000:], err1[-2000:])
+    assert err0.strip().splitlines() == ["error: the replicas were started with different --iters (here: --iters 2): "
+                                         "start every one with the same flags (only --data-dir, --out, --workers "
+                                         "may differ)"]
+    assert (out1 + err1).strip() == ""
+    assert not (tmp_path / "run0").exists() and not (tmp_path / "run1").exists()
+
+
 # --- flags --------------------------------------------------------------------------------
 
 def test_sync_bn_outside_torchrun_or_on_cpu_is_one_line(tmp_path):

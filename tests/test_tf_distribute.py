@@ -336,14 +336,16 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def start_workers(script: str, *flags: str, indices=(0, 1), env=None) -> list[subprocess.Popen]:
-    """A two-worker cluster on 127.0.0.1; `indices`: the workers of it started."""
+def start_workers(script: str, *flags: str, indices=(0, 1), env=None, own_flags=None) -> list[subprocess.Popen]:
+    """A two-worker cluster on 127.0.0.1; `indices`: the workers of it started; `own_flags`:
+    more flags for some of them, by index."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     processes = []
     for index in indices:
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         processes.append(subprocess.Popen(
-            [sys.executable, str(REPO / script), "--distribute", "multi-worker", *flags], cwd=REPO,
+            [sys.executable, str(REPO / script), "--distribute", "multi-worker", *flags,
+             *(own_flags or {}).get(index, [])], cwd=REPO,
             env={**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONUNBUFFERED": "1", **(env or {})},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
     return processes
@@ -461,6 +463,22 @@ def test_two_workers_train_as_one_process_and_write_one_run_folder(tmp_path):
     assert json.loads((run / "summary.json").read_text())["replicas"] == 2
 
 
+
+
+def test_workers_started_with_different_flags_end_before_training_with_one_line(tmp_path):
+    """Worker 1 asks for more iterations, and reads its data with a loader (--workers, which
+    may differ): both used to train until worker 0 finished, then end in TensorFlow's traceback."""
+    run = tmp_path / "run"
+    results = finish(start_workers(SCRIPTS["vanilla_gan"], "--out", str(run), "--iters", "2", *FAST,
+                                   own_flags={1: ["--iters", "3", "--workers", "1"]}))
+    (code0, out0, err0, _), (code1, out1, err1, _) = results
+    assert (code0, code1) == (2, 2), (err0[-2000:], err1[-2000:])
+    ours = [line for line in err0.splitlines() if line.startswith("error:")]
+    assert ours == ["error: the workers were started with different --iters (here: --iters 2): start every one "
+                    "with the same flags (only --data-dir, --out, --workers may differ)"], err0[-2000:]
+    assert "Traceback" not in err0 + err1 and out0 + out1 == "" and not any(
+        line.startswith("error:") for line in err1.splitlines())
+    assert not run.exists()
 
 
 def test_a_sigterm_to_one_worker_stops_both_with_one_checkpoint(tmp_path):

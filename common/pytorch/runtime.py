@@ -156,6 +156,16 @@ class Replicas:
             raise distributed.ReplicaFailed(f"rank 0 stopped: {outcome[0]}", quiet=True)
         return result
 
+    def check_same_settings(self, cfg: RunConfig) -> None:
+        """One line (printed by rank 0) unless every replica was started with the same flags
+        (common/distributed.py: all but the paths and threads of its own machine)."""
+        if self.count == 1:
+            return
+        fingerprints = [None] * self.count
+        with translate_failures():
+            dist.all_gather_object(fingerprints, distributed.settings_fingerprint(cfg), group=self.control_group)
+        distributed.check_same_settings(cfg, fingerprints, quiet=not self.writer)
+
     def _broadcast(self, message: list):
         with translate_failures():
             dist.broadcast_object_list(message, src=0, device=self._collective_device)
@@ -333,6 +343,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
     entry = models.MODELS.get(cfg.model)  # None: train_feature_net.py's classifier, never under torchrun
     batch_norm = entry is None or entry.batch_norm
     replicas = start_replicas("cuda" if use_cuda else "cpu", cfg.sync_bn, batch_norm)
+    replicas.check_same_settings(cfg)
     device = torch.device("cuda", replicas.local_rank) if use_cuda else torch.device("cpu")
     if not replicas.writer:
         log = _silent

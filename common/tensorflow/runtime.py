@@ -262,6 +262,15 @@ class Replicas:
             raise distributed.ReplicaFailed("worker 0 stopped (its error is in its output)", quiet=True)
         return result
 
+    def check_same_settings(self, cfg: RunConfig) -> None:
+        """One line (printed by worker 0) unless every worker was started with the same flags
+        (common/distributed.py: all but the paths and threads of its own machine)."""
+        if self.workers == 1:
+            return
+        with translate_failures():
+            fingerprints = _gather(self.strategy, tf.constant(distributed.settings_fingerprint(cfg), tf.int32))
+        distributed.check_same_settings(cfg, fingerprints.numpy().tolist(), "workers", quiet=not self.writer)
+
     def _all_max(self, value: int) -> int:
         """The largest of the workers' `value`s (a signal number, or 0/1)."""
         with translate_failures():
@@ -288,6 +297,14 @@ def _all_max(strategy, value):
     """The largest of the workers' values, in a collective of its own."""
     votes = strategy.run(_vote, args=(value,))
     return _highest_vote(strategy.experimental_local_results(votes)[0])
+
+
+@tf.function
+def _gather(strategy, values):
+    """Every replica's `values`, one row each, in a collective of its own."""
+    rows = strategy.run(lambda own: tf.distribute.get_replica_context().all_gather(own[tf.newaxis], axis=0),
+                        args=(values,))
+    return strategy.experimental_local_results(rows)[0]
 
 
 class translate_failures:
@@ -447,6 +464,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         tf.config.set_visible_devices([], "GPU")
     device_type = "cuda" if _GPUS and cfg.device != "cpu" else "cpu"
     replicas = start_replicas(cfg, device_type)
+    replicas.check_same_settings(cfg)
     if not replicas.writer:
         log = _silent
     bf16_supported = True
