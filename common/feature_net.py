@@ -28,6 +28,7 @@ import numpy as np
 
 from common.data import read_npz_arrays
 from common.errors import CheckpointError
+from common.runs import check_regular_file
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "assets" / "mnist_feature_net.npz"
 IMAGE_SHAPE = (28, 28, 1)
@@ -116,8 +117,11 @@ def to_network_input(images: np.ndarray) -> np.ndarray:
 
 def load_feature_net(path: str | Path = DEFAULT_WEIGHTS) -> FeatureNet:
     """The trained feature net; CheckpointError naming the fix if the weights file is missing,
-    corrupt or from a different architecture."""
+    not a regular file, corrupt or from a different architecture."""
     path = Path(path)
+    # a FIFO in place of the committed file blocked the evaluation forever in open(); no flag
+    # names another file, so the fix is the file itself
+    check_regular_file(path, "feature net weights file", fix=f"remove it and recreate it with {RETRAIN}")
     try:
         arrays = read_npz_arrays(path, keep=lambda name: name in WEIGHT_SHAPES)
     except FileNotFoundError:

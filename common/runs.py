@@ -293,12 +293,12 @@ def read_json(path: Path, keys: tuple[str, ...] = (), hint: str = "") -> dict:
     return value
 
 
-def check_regular_file(path: Path, what: str) -> None:
+def check_regular_file(path: Path, what: str, fix: str = "remove it or name another") -> None:
     """Refuse anything but a regular file before opening it: a FIFO (or a device) named like a
     checkpoint or weights file would block the read forever."""
     path = Path(path)
     if path.exists() and not path.is_file():
-        raise CheckpointError(f"{what} {path} is not a regular file; remove it or name another")
+        raise CheckpointError(f"{what} {path} is not a regular file; {fix}")
 
 
 def check_meta(path: Path, meta, model: str) -> dict:

@@ -5,6 +5,7 @@ training is reproducible, only the reproducible run writes the committed weights
 prints the side-by-side table, and bad flags are one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -100,6 +101,26 @@ def test_corrupt_weights_name_the_training_script(tmp_path, content):
     with pytest.raises(CheckpointError, match="unreadable .*python scripts/train_feature_net.py") as error:
         feature_net.load_feature_net(path)
     assert "\n" not in str(error.value)
+
+
+def test_a_fifo_as_weights_file_is_refused_not_waited_on(tmp_path):
+    """Opening a FIFO blocks until a writer comes, so the load runs in a child: a regression
+    fails at the timeout instead of hanging the suite."""
+    fifo = tmp_path / "weights.npz"
+    os.mkfifo(fifo)
+    script = textwrap.dedent("""
+        import sys
+        from common import feature_net
+        try:
+            feature_net.load_feature_net(sys.argv[1])
+        except feature_net.CheckpointError as error:
+            print(error)
+    """)
+    result = subprocess.run([sys.executable, "-c", script, str(fifo)], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (f"feature net weights file {fifo} is not a regular file; "
+                             "remove it and recreate it with python scripts/train_feature_net.py\n")
 
 
 def test_truncated_weights_file_is_a_checkpoint_error(tmp_path):
