@@ -740,6 +740,18 @@ def test_a_16_bit_grayscale_folder_is_scaled_to_8_bits(tmp_path):
     np.testing.assert_array_equal(mixed.x[0, ..., 1], np.round(wide / 257).astype(np.uint8))
 
 
+@pytest.mark.parametrize("pixels, mode", [(np.array([[0, 300], [70_000, 65_535]], np.int32), "I"),
+                                          (np.array([[0.0, 0.25], [0.5, 1.0]], np.float32), "F")])
+def test_a_32_bit_image_is_refused_by_name_not_clipped(tmp_path, pixels, mode):
+    """A 32-bit TIFF named .png (Pillow opens it by its content) trained clipped at 255, and made
+    the folder colour; its mode does not say its range, so there is no right scale to 8 bits."""
+    save_image(tmp_path / "a.png", random_pixels((2, 2), 0))
+    Image.fromarray(pixels).save(tmp_path / "b.png", format="TIFF")
+    assert Image.open(tmp_path / "b.png").mode == mode
+    with data_error(f"{tmp_path / 'b.png'} has 32-bit", f"(Pillow mode {mode})", "save it as an 8- or 16-bit PNG"):
+        load_dataset("folder", tmp_path, limit=1)  # refused from its header, decoded or not
+
+
 def test_folder_with_mixed_sizes_needs_an_image_size(tmp_path):
     save_image(tmp_path / "a" / "small.png", random_pixels((8, 8, 3), 0))
     save_image(tmp_path / "b" / "large.png", random_pixels((16, 12, 3), 1))
