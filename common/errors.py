@@ -38,7 +38,7 @@ class UsageError(UserError):
 class Interrupted(UserError):
     """Ctrl-C where the line can say more than "interrupted": while a script ran another (the
     child stopped on its own terms), or during the evaluation after a run's training. Exit
-    status 130."""
+    status 130 (143 where run_child passed on a SIGTERM)."""
 
     exit_code = 130
 
@@ -132,19 +132,44 @@ def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.Com
     """subprocess.run for a script that trains or evaluates. A terminal's Ctrl-C goes to the
     whole process group; the model scripts then finish their step, checkpoint and exit 130.
     subprocess.run would raise KeyboardInterrupt in this process and kill the child while it
-    saves, so the signal is noted here instead and the child waited for; then this process
-    stops too, with `on_interrupt` as its one line (exit 130)."""
+    saves, so the signal is noted here instead, passed on to the child and the child waited for;
+    then this process stops too, with `on_interrupt` as its one line (exit 128 + the signal: 130,
+    or 143 for SIGTERM). Passed on, because a `kill -INT` or `kill -TERM` of this process alone
+    never reached the child: it trained on to its end with this process waiting, or on alone
+    after this process died. The copy that follows a terminal's own is one request to a model
+    script (StopRequest's relay window)."""
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         return subprocess.run(command, **kwargs)
-    interrupted = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    received = []
+
+    def pass_on(signum, frame):
+        received.append(signum)
+        child = _child_being_waited_for(frame)
+        if child is not None:
+            child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        result = subprocess.run(command, **kwargs)  # the child starts with SIGINT's default
+        result = subprocess.run(command, **kwargs)  # the child starts with the signals' defaults
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if interrupted or result.returncode == 130:
-        raise Interrupted(f"interrupted: {on_interrupt}")
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received or result.returncode == 130:
+        stopped = Interrupted(f"interrupted: {on_interrupt}")
+        stopped.exit_code = 128 + (received[0] if received else signal.SIGINT)
+        raise stopped
     return result
+
+
+def _child_being_waited_for(frame) -> subprocess.Popen | None:
+    """The started Popen that subprocess.run waits on, found from the frame a signal interrupted
+    (subprocess.run hands its caller no pid while it runs); None before it starts or after."""
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, subprocess.Popen) and getattr(value, "pid", None):
+                return value
+        frame = frame.f_back
+    return None
 
 
 def exit_on_user_error(main):

@@ -45,7 +45,7 @@ from torch import nn
 from common import cpu, flags
 from common import data as datasets
 from common.config import RunConfig, learning_rate
-from common.errors import UsageError, UserError, exit_on_user_error, run_child
+from common.errors import Interrupted, UsageError, UserError, exit_on_user_error, run_child
 from common.feature_net import DEFAULT_WEIGHTS, FEATURE_DIM, NUM_CLASSES, to_network_input
 from common.pytorch import runtime as torch_runtime
 from common.runs import atomic_write, refuse_inside_a_run, text_bytes
@@ -308,7 +308,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"wrote {args.table_out}")
         return
     torch.set_num_threads(1)  # reproducible, and leaves the other cores to whatever else runs
-    net, result = train(args)
+    try:
+        net, result = train(args)
+    except KeyboardInterrupt:
+        if not args.table_row:
+            raise
+        raise Interrupted("", quiet=True) from None  # the --precisions parent says the one line
     print(f"{result['precision']}: median {result['median_epoch_s']:.2f} s/epoch, peak memory "
           f"{result['peak_memory_mb']:.0f} MB, test accuracy {result['test_accuracy']:.4f} on "
           f"{result['test_images']:,} MNIST test images")

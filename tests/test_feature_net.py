@@ -306,6 +306,33 @@ def test_precisions_print_the_side_by_side_table(training_script, tmp_path, capf
     assert "avx512_bf16" in table_path.read_text() and not training_script.DEFAULT_WEIGHTS.exists()
 
 
+def test_a_ctrl_c_to_the_precisions_parent_alone_stops_its_child_in_one_line(tmp_path):
+    """`kill -INT` of --precisions' pid alone stopped the parent alone: it waited for the child to
+    train to its end. The child now stops at once and leaves the one line to the parent (a
+    Ctrl-C to both, from a terminal, had been the child's line and then the parent's)."""
+    import signal
+    import time
+
+    log = tmp_path / "stdout.txt"
+    with open(log, "w") as stdout:
+        parent = subprocess.Popen([sys.executable, "scripts/train_feature_net.py", "--precisions", "fp32", "amp",
+                                   "--data-limit", "256", "--epochs", "100000"],
+                                  cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "epoch 1/" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(parent.pid, signal.SIGINT)
+        _, err = parent.communicate(timeout=60)  # its child's 100,000 epochs would take an hour
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)  # the child too, in the parent's group
+            parent.communicate()
+    assert parent.returncode == 130, err
+    assert err.strip() == "error: interrupted: the table stopped at fp32"
+    assert "== amp" not in log.read_text()
+
+
 def test_gpu_rows_of_the_table_say_whether_float32_used_tf32(training_script):
     """--precisions fp32 fp32-tf32 on a GPU: the two float32 rows differ by TensorFloat-32."""
     measured = dict(device="cuda", machine="GPU", torch="2", epochs=1, train_images=10, batch_size=2,

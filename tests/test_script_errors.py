@@ -825,6 +825,53 @@ def test_ctrl_c_reaches_the_child_which_saves_before_the_parent_stops_in_one_lin
     assert (tmp_path / "marker").read_text() == "saved"
 
 
+STOPPING_CHILD = """
+import signal, sys, time
+from pathlib import Path
+def stop(signum, frame):
+    Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+    sys.exit(128 + signum)
+for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, stop)
+Path(sys.argv[1] + ".started").write_text("")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_parent_alone_is_passed_on_to_the_child(tmp_path, name):
+    """`kill -INT` of the parent's pid alone (not the terminal's group) never reached the child:
+    the parent waited for it to train to its end. `kill -TERM` killed the parent at once, with no
+    line, and left the child training on alone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    signum = getattr(signal, name)
+    marker = str(tmp_path / "marker")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(repo=str(REPO), child=STOPPING_CHILD,
+                                                                   marker=marker)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker + ".started") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(parent.pid, signum)
+        _, err = parent.communicate(timeout=30)  # the child sleeps for 60 s unless it is told
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.communicate()
+        try:
+            os.killpg(parent.pid, signal.SIGKILL)  # a child left behind, still in the parent's group
+        except ProcessLookupError:  # none
+            pass
+    assert parent.returncode == 128 + signum, err
+    assert err.strip() == "error: interrupted: the run saved a checkpoint"
+    assert (tmp_path / "marker").read_text() == name
+
+
 def test_a_child_that_stopped_on_its_own_ctrl_c_stops_the_parent_too():
     """A child that exits 130 was interrupted (its checkpoint saved): the script that ran it
     stops as well, with its one line and 130, and does not go on to the next run as if the
