@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import re
 import signal
 import subprocess
@@ -128,6 +129,11 @@ def out_of_memory_problem(error: BaseException) -> str | None:
     return f"out of memory{detail}; {OUT_OF_MEMORY_HINT}"
 
 
+# What makes a model script join other replicas: torchrun's (the rest of its variables name
+# where, and are harmless alone) and tf.distribute's.
+REPLICA_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TF_CONFIG")
+
+
 def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run for a script that trains or evaluates. A terminal's Ctrl-C goes to the
     whole process group; the model scripts then finish their step, checkpoint and exit 130.
@@ -139,7 +145,11 @@ def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.Com
     the whole group is harmless (outside a training loop SIGTERM's default ends a script at the
     first; inside, StopRequest takes it as the same request). A Ctrl-C is not passed on: the
     terminal's reaches the child itself, and a copy of it, a second Ctrl-C moments later, ended
-    a child outside its training loop in a traceback."""
+    a child outside its training loop in a traceback.
+    The child runs alone: torchrun's variables and TF_CONFIG, left in a shell, are not passed
+    on (a model script would join replicas that never come: `evaluate.py` waited 10 minutes)."""
+    kwargs["env"] = {name: value for name, value in (kwargs.get("env") or os.environ).items()
+                     if name not in REPLICA_VARIABLES}
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         return subprocess.run(command, **kwargs)
     received, here = [], sys._getframe()

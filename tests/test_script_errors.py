@@ -909,6 +909,27 @@ def test_a_ctrl_c_is_not_passed_on_to_the_child(tmp_path):
     assert (tmp_path / "marker").read_text() == "0"
 
 
+@pytest.mark.parametrize("given", [False, True])
+def test_a_child_runs_alone_whatever_replica_variables_a_shell_left(monkeypatch, given):
+    """A WORLD_SIZE left in a shell had evaluate.py's model script wait 10 minutes to join
+    replicas that never come (and a TensorFlow one refuse to run); the others pass on, and an
+    environment the caller gives is filtered alike."""
+    import sys
+
+    from common.errors import REPLICA_VARIABLES, run_child
+
+    left = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "TF_CONFIG": "{}", "AMPGEN_KEPT": "yes"}
+    for name, value in left.items():
+        monkeypatch.setenv(name, value)
+    show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % sorted(left)
+    result = run_child([sys.executable, "-c", show], "unused", capture_output=True, text=True,
+                       **({"env": dict(os.environ)} if given else {}))
+    seen = json.loads(result.stdout)
+    assert set(REPLICA_VARIABLES) == set(left) - {"AMPGEN_KEPT"}
+    assert seen == {**{name: None for name in REPLICA_VARIABLES}, "AMPGEN_KEPT": "yes"}
+    assert os.environ["WORLD_SIZE"] == "2"  # this process's own environment is left as it was
+
+
 def test_a_child_that_stopped_on_its_own_ctrl_c_stops_the_parent_too():
     """A child that exits 130 was interrupted (its checkpoint saved): the script that ran it
     stops as well, with its one line and 130, and does not go on to the next run as if the
