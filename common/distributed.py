@@ -16,7 +16,9 @@ import json
 import zlib
 from typing import Callable, Protocol, TypeVar
 
-from common.errors import UsageError, UserError
+import numpy as np
+
+from common.errors import CheckpointError, DataError, UsageError, UserError
 
 T = TypeVar("T")
 
@@ -44,33 +46,66 @@ def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False
 # mounted at another path) and its loader threads. Every other flag must be the same on every
 # replica: a different --iters ended TensorFlow's workers in a traceback, a different
 # --batch-size trained on unequal shards, a different --lr would step the replicas apart.
-PER_MACHINE_SETTINGS = ("data_dir", "out", "workers")
+PER_MACHINE_FLAGS = ("data_dir", "out", "workers")
 
 
-def shared_settings(cfg) -> dict:
+def shared_flags(cfg) -> dict:
     """The settings of a run (a RunConfig) that every replica must share, by name."""
     return {name: value for name, value in sorted(dataclasses.asdict(cfg).items())
-            if name not in PER_MACHINE_SETTINGS}
+            if name not in PER_MACHINE_FLAGS}
 
 
-def settings_fingerprint(cfg) -> list[int]:
+def flags_fingerprint(cfg) -> list[int]:
     """One number per shared setting, a 31-bit CRC of its value (an int32 for TensorFlow's
     collectives), in name order: what the replicas gather and compare as they start."""
-    return [zlib.crc32(json.dumps(value).encode()) >> 1 for value in shared_settings(cfg).values()]
+    return [_crc(json.dumps(value).encode()) for value in shared_flags(cfg).values()]
 
 
-def check_same_settings(cfg, fingerprints: list[list[int]], who: str = "replicas", quiet: bool = False) -> None:
-    """One UsageError line on every replica (printed by one: `quiet` on the others) unless the
-    `fingerprints` of all (settings_fingerprint's) match: it names the flags that differ, and
-    this replica's values of them. `who`: "replicas" (torchrun's) or "workers" (TF_CONFIG's)."""
-    settings = shared_settings(cfg)
+def check_same_flags(cfg, replicas: "Replicas", who: str = "replicas") -> None:
+    """One UsageError line on every replica (printed by the writer) unless every replica was
+    started with the same flags but those of PER_MACHINE_FLAGS: it names the flags that
+    differ, and this replica's values of them. `who`: "replicas" (torchrun's) or "workers"
+    (TF_CONFIG's)."""
+    settings = shared_flags(cfg)
+    fingerprints = replicas.gather(flags_fingerprint(cfg))
     apart = [name for index, name in enumerate(settings) if len({replica[index] for replica in fingerprints}) > 1]
     if apart:
         here = ", ".join(_as_flag(name, settings[name]) for name in apart)
-        may_differ = ", ".join(_as_flag(name) for name in PER_MACHINE_SETTINGS)
+        may_differ = ", ".join(_as_flag(name) for name in PER_MACHINE_FLAGS)
         raise UsageError(f"the {who} were started with different {', '.join(_as_flag(name) for name in apart)} "
                          f"(here: {here}): start every one with the same flags (only {may_differ} may differ)",
-                         quiet=quiet)
+                         quiet=not replicas.writer)
+
+
+def check_same_data(x: np.ndarray, replicas: "Replicas") -> None:
+    """One DataError line on every replica (printed by the writer) unless every replica holds
+    the same training set (its count, shape and a CRC of its bytes): each reads its own
+    --data-dir, which only names the files, and other files trained in silence on other data
+    (or, of another image size, ended in a traceback)."""
+    if replicas.count == 1:
+        return
+    here = [len(x), _crc(f"{x.shape} {x.dtype}".encode()), _crc(np.ascontiguousarray(x).data)]
+    if any(row != here for row in replicas.gather(here)):
+        raise DataError(f"the replicas hold different training data (here: {len(x):,} examples of {x.shape[1:]}, "
+                        f"{x.dtype}): every replica must read the same files (its own --data-dir may name them "
+                        "at another path)", quiet=not replicas.writer)
+
+
+def check_same_checkpoint(step: int | None, replicas: "Replicas") -> None:
+    """--resume: one CheckpointError line on every replica (printed by the writer) unless every
+    replica resumes from a checkpoint of the same step. Each reads the latest in its own --out:
+    one that held none ended in a traceback, one that held an older run's trained on from other
+    weights and wrote a checkpoint before the collectives came apart."""
+    steps = [row[0] for row in replicas.gather([-1 if step is None else step])]
+    if len(set(steps)) > 1:
+        found = ", ".join(f"{rank}: {f'step {at}' if at >= 0 else 'none'}" for rank, at in enumerate(steps))
+        raise CheckpointError(f"--resume: the replicas' run folders hold different latest checkpoints (replica "
+                              f"{found}): each reads its own --out, which must hold the one run (a file system "
+                              "the machines share)", quiet=not replicas.writer)
+
+
+def _crc(data) -> int:
+    return zlib.crc32(data) >> 1
 
 
 _MISSING = object()
@@ -100,6 +135,10 @@ class Replicas(Protocol):
     def writer(self) -> bool:
         """This replica writes the run folder (config, history, samples, checkpoints, TensorBoard)."""
 
+    def gather(self, values: list[int]) -> list[list[int]]:
+        """Every replica's `values` (int32s, as many on each), in rank order: the same answer
+        on every replica."""
+
     def writer_first(self, action: Callable[[], T]) -> T | None:
         """Run `action` on the writer while the others wait; a UserError it raises ends every
         replica (the writer prints it; the others end quietly)."""
@@ -116,6 +155,9 @@ class OneProcess:
     """The `Replicas` of a run in one process (the loop's default, and the tests')."""
 
     rank, count, writer = 0, 1, True
+
+    def gather(self, values: list[int]) -> list[list[int]]:
+        return [list(values)]
 
     def writer_first(self, action):
         return action()

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from common import cpu, porting, sampling
 from common.config import SCALE_WARN_WINDOW, RunConfig
-from common.distributed import OneProcess, Replicas
+from common.distributed import OneProcess, Replicas, check_same_checkpoint
 from common.errors import CheckpointError, Interrupted, UserError, escaped_line_breaks
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
@@ -243,7 +243,9 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, monitor: Monitor, l
     else (0, 0)."""
     if not cfg.resume:
         return 0, 0
-    named_step, path = run.latest_checkpoint()
+    latest = run.latest_checkpoint()  # None: only a replica's own --out can hold none (the writer's was checked)
+    check_same_checkpoint(latest and latest[0], session.replicas)
+    named_step, path = latest
     meta = session.checkpoints.restore(path, cfg.model)  # of another model: refused by name
     # The file's name picks it as the latest: a step inside it that says otherwise (an edited
     # or misplaced file) would truncate the history, or skip training, at the wrong step.

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from common import distributed
-from common.errors import UsageError, UserError
+from common.errors import CheckpointError, DataError, UsageError, UserError
 from common.loop import StopRequest
 from tests.conftest import REPO, UNTIL_STOPPED, evaluated_in_one_process, resume_from_the_only_checkpoint, run_script
 
@@ -135,18 +135,30 @@ def test_a_relayed_signal_is_the_same_stop_request_and_a_later_one_quits(monkeyp
 
 # --- the replicas' flags, compared as they start --------------------------------------------
 
+class Gathered:
+    """The replicas of a gather, seen from rank `rank`: what each of them sent."""
+
+    def __init__(self, rows: list[list[int]], rank: int = 0):
+        self.rows, self.rank, self.count = rows, rank, len(rows)
+        self.writer = rank == 0
+
+    def gather(self, values: list[int]) -> list[list[int]]:
+        assert list(values) == self.rows[self.rank]  # this replica's own row, as sent
+        return self.rows
+
+
 def fingerprints_of(*argvs: list[str]) -> tuple[list, list[list[int]]]:
     from common.config import parse_args
 
     configs = [parse_args("vanilla_gan", "pytorch", argv) for argv in argvs]
-    return configs, [distributed.settings_fingerprint(cfg) for cfg in configs]
+    return configs, [distributed.flags_fingerprint(cfg) for cfg in configs]
 
 
 def test_replicas_started_with_different_flags_are_one_line_naming_them_and_this_ones_values():
     (here, _), fingerprints = fingerprints_of(["--lr", "1e-3", "--no-tensorboard"],
                                               ["--amp", "--out", "/elsewhere", "--workers", "2"])
     with pytest.raises(UsageError) as refused:
-        distributed.check_same_settings(here, fingerprints, "workers", quiet=True)
+        distributed.check_same_flags(here, Gathered(fingerprints[::-1], rank=1), "workers")
     assert str(refused.value) == ("the workers were started with different --amp, --lr, --no-tensorboard (here: "
                                   "no --amp, --lr 0.001, --no-tensorboard): start every one with the same flags "
                                   "(only --data-dir, --out, --workers may differ)")
@@ -155,10 +167,10 @@ def test_replicas_started_with_different_flags_are_one_line_naming_them_and_this
 
 def test_replicas_may_differ_only_in_their_machines_paths_and_loader_threads():
     (here, _), fingerprints = fingerprints_of([], ["--out", "/elsewhere", "--workers", "2"])
-    distributed.check_same_settings(here, fingerprints)
+    distributed.check_same_flags(here, Gathered(fingerprints))
     (here, *_), fingerprints = fingerprints_of([], [], ["--seed", "1"])  # the third of three
     with pytest.raises(UsageError, match="different --seed \\(here: --seed 0\\)"):
-        distributed.check_same_settings(here, fingerprints)
+        distributed.check_same_flags(here, Gathered(fingerprints))
 
 
 def test_every_other_setting_enters_the_fingerprint():
@@ -167,25 +179,64 @@ def test_every_other_setting_enters_the_fingerprint():
     import dataclasses
 
     (base,), (plain,) = fingerprints_of([])
-    names = list(distributed.shared_settings(base))
-    assert set(names) == {field.name for field in dataclasses.fields(base)} - set(distributed.PER_MACHINE_SETTINGS)
+    names = list(distributed.shared_flags(base))
+    assert set(names) == {field.name for field in dataclasses.fields(base)} - set(distributed.PER_MACHINE_FLAGS)
     for index, name in enumerate(names):
         value = getattr(base, name)
         other = (not value if isinstance(value, bool) else value + 1 if isinstance(value, (int, float))
                  else "x" if value is None else f"{value}x")
-        changed = distributed.settings_fingerprint(dataclasses.replace(base, **{name: other}))
+        changed = distributed.flags_fingerprint(dataclasses.replace(base, **{name: other}))
         assert [i for i, (a, b) in enumerate(zip(plain, changed)) if a != b] == [index], name
         assert all(0 <= number < 2**31 for number in changed)  # an int32 for TensorFlow's gather
 
 
-def test_replicas_started_with_different_flags_end_before_training_with_one_line(tmp_path):
-    """Two replicas joined by hand, as torchrun on two machines would start them (each
-    machine's own command line): rank 1 asks for more iterations. They used to train until
-    rank 0 finished and rank 1 lost contact."""
+def sent_for(x: np.ndarray) -> list[int]:
+    """What check_same_data sends to the gather for training set `x`."""
+    sent = []
+
+    class Sending(Gathered):
+        def gather(self, values):
+            sent.append(values)
+            return [values, values]
+
+    distributed.check_same_data(x, Sending([[], []]))
+    return sent[0]
+
+
+def test_replicas_holding_other_data_are_one_line():
+    images = np.arange(2 * 28 * 28, dtype=np.uint8).reshape(2, 28, 28, 1)
+    other = images.copy()
+    other[1, 5, 5, 0] += 1  # one pixel of one image
+    ours, theirs = sent_for(images), sent_for(other)
+    assert ours != theirs and ours[0] == theirs[0] == 2
+    assert sent_for(images[:1]) != ours and sent_for(images.reshape(2, 28, 14, 2)) != ours  # count, shape
+    distributed.check_same_data(images, Gathered([ours, ours]))
+    distributed.check_same_data(images, Gathered([[]]))  # one process: nothing gathered, nothing compared
+    with pytest.raises(DataError) as refused:
+        distributed.check_same_data(images, Gathered([theirs, ours], rank=1))
+    assert str(refused.value) == ("the replicas hold different training data (here: 2 examples of (28, 28, 1), "
+                                  "uint8): every replica must read the same files (its own --data-dir may name "
+                                  "them at another path)")
+    assert refused.value.quiet
+
+
+def test_replicas_resuming_from_different_checkpoints_are_one_line():
+    distributed.check_same_checkpoint(20, Gathered([[20], [20]]))
+    distributed.check_same_checkpoint(20, Gathered([[20]]))
+    with pytest.raises(CheckpointError) as refused:
+        distributed.check_same_checkpoint(None, Gathered([[20], [-1], [10]], rank=1))
+    assert str(refused.value) == ("--resume: the replicas' run folders hold different latest checkpoints (replica "
+                                  "0: step 20, 1: none, 2: step 10): each reads its own --out, which must hold the "
+                                  "one run (a file system the machines share)")
+    assert refused.value.quiet and refused.value.exit_code == 1
+
+
+def two_replicas(tmp_path, *flags: str, own_flags: dict) -> list[tuple[int, str, str]]:
+    """Two replicas joined by hand, as torchrun on two machines would start them, each with
+    its machine's own command line: the shared `flags` and its `own_flags`."""
     port = free_port()
     processes = [subprocess.Popen(
-        [sys.executable, SCRIPTS["vanilla_gan"], "--out", str(tmp_path / f"run{rank}"), *FAST,
-         "--iters", str(2 + rank)],
+        [sys.executable, SCRIPTS["vanilla_gan"], *flags, *own_flags.get(rank, [])],
         cwd=REPO, env={**replica_environment(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) for rank in (0, 1)]
@@ -199,13 +250,60 @@ def test_replicas_started_with_different_flags_end_before_training_with_one_line
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
+    return results
+
+
+def assert_one_line_from_rank_0(results, code: int, line: str):
     (code0, _, err0), (code1, out1, err1) = results
-    assert (code0, code1) == (2, 2), (err0[-2000:], err1[-2000:])
-    assert err0.strip().splitlines() == ["error: the replicas were started with different --iters (here: --iters 2): "
-                                         "start every one with the same flags (only --data-dir, --out, --workers "
-                                         "may differ)"]
-    assert (out1 + err1).strip() == ""
+    assert (code0, code1) == (code, code), (err0[-2000:], err1[-2000:])
+    assert [text for text in err0.splitlines() if text.strip()] == [f"error: {line}"], err0[-2000:]
+    assert (out1 + err1).strip() == "", err1[-2000:]  # no traceback, no abort
+
+
+def test_replicas_started_with_different_flags_end_before_training_with_one_line(tmp_path):
+    """Rank 1 asks for more iterations. They used to train until rank 0 finished, which then
+    aborted, and rank 1 lost contact."""
+    results = two_replicas(tmp_path, *FAST, own_flags={rank: ["--out", str(tmp_path / f"run{rank}"), "--iters",
+                                                              str(2 + rank)] for rank in (0, 1)})
+    assert_one_line_from_rank_0(results, 2, "the replicas were started with different --iters (here: --iters 2): "
+                                "start every one with the same flags (only --data-dir, --out, --workers may differ)")
     assert not (tmp_path / "run0").exists() and not (tmp_path / "run1").exists()
+
+
+def test_replicas_resuming_from_folders_that_hold_different_checkpoints_end_with_one_line(tmp_path):
+    """Each replica reads the latest checkpoint in its own --out. Rank 1's held none: a
+    TypeError traceback; an older copy of the run: the replicas trained on from other weights
+    until their collectives came apart (gloo's abort)."""
+    flags = [*FAST[:-2], "--batch-size", "32", "--checkpoint-every", "2"]
+    train_alone = run_script(SCRIPTS["vanilla_gan"], "--out", str(tmp_path / "run"), *flags, "--iters", "4")
+    assert train_alone.returncode == 0, train_alone.stderr[-2000:]
+    (tmp_path / "empty").mkdir()
+    results = two_replicas(tmp_path, *flags, "--resume", "--iters", "6",
+                           own_flags={0: ["--out", str(tmp_path / "run")], 1: ["--out", str(tmp_path / "empty")]})
+    assert_one_line_from_rank_0(results, 1, "--resume: the replicas' run folders hold different latest checkpoints "
+                                "(replica 0: step 4, 1: none): each reads its own --out, which must hold the one "
+                                "run (a file system the machines share)")
+    assert sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "step_000002.pt", "step_000004.pt"]
+
+
+def test_replicas_reading_other_files_end_before_training_with_one_line(tmp_path):
+    """--data-dir may differ (a shared folder mounted elsewhere), the files it names may not:
+    other images trained in silence, each replica on its own data."""
+    from PIL import Image
+
+    for rank in (0, 1):
+        for index in range(32):
+            pixels = np.random.default_rng([rank, index]).integers(0, 256, (8, 8), dtype=np.uint8)
+            (tmp_path / f"data{rank}" / "digits").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(tmp_path / f"data{rank}" / "digits" / f"{index}.png")
+    flags = ["--dataset", "folder", "--iters", "2", "--out", str(tmp_path / "run"), *FAST[2:-2], "--batch-size", "32"]
+    results = two_replicas(tmp_path, *flags, own_flags={rank: ["--data-dir", str(tmp_path / f"data{rank}")]
+                                                        for rank in (0, 1)})
+    assert_one_line_from_rank_0(results, 1, "the replicas hold different training data (here: 32 examples of "
+                                "(8, 8, 1), uint8): every replica must read the same files (its own --data-dir may "
+                                "name them at another path)")
+    assert not (tmp_path / "run").exists()
 
 
 # --- flags --------------------------------------------------------------------------------
@@ -263,14 +361,21 @@ def test_a_script_under_torchrun_on_a_cpu_refuses_sync_bn_only_for_a_model_with_
 
 @pytest.mark.parametrize("environment, words", [
     ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not an integer"),
-    ({"WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not an integer"),
-    ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK 5 and LOCAL_RANK 0 must be from 0 to WORLD_SIZE - 1 (1)"),  # it waited
+    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not an integer"),
+    ({"WORLD_SIZE": "2", "RANK": "5", "LOCAL_RANK": "0"},
+     "RANK 5 and LOCAL_RANK 0 must be from 0 to WORLD_SIZE - 1 (1)"),  # it waited
+    # a WORLD_SIZE left in a shell: the join said "environment variable RANK expected, but not set"
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is 2, but RANK and LOCAL_RANK are not set: launch with torchrun, which sets "
+                          "them all (a WORLD_SIZE left in this shell: unset it)"),
+    ({"WORLD_SIZE": "3", "RANK": "0"}, "WORLD_SIZE is 3, but LOCAL_RANK is not set"),
     ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1"}, "must be from 0 to WORLD_SIZE - 1"),
 ])
 def test_a_hand_set_torchrun_environment_is_checked(monkeypatch, environment, words):
     from common.errors import UsageError
     from common.pytorch import runtime
 
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(UsageError, match=re.escape(words)):

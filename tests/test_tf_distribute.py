@@ -9,6 +9,7 @@ one dies.
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -479,6 +480,52 @@ def test_workers_started_with_different_flags_end_before_training_with_one_line(
     assert "Traceback" not in err0 + err1 and out0 + out1 == "" and not any(
         line.startswith("error:") for line in err1.splitlines())
     assert not run.exists()
+
+
+def assert_one_line_from_worker_0(results, code: int, line: str):
+    (code0, out0, err0, _), (code1, out1, err1, _) = results
+    assert (code0, code1) == (code, code), (err0[-2000:], err1[-2000:])
+    assert [text for text in err0.splitlines() if text.startswith("error:")] == [f"error: {line}"], err0[-2000:]
+    assert "Traceback" not in err0 + err1 and not any(text.startswith("error:") for text in err1.splitlines())
+
+
+def test_workers_resuming_from_folders_that_hold_different_checkpoints_end_with_one_line(tmp_path):
+    """Each worker reads the latest checkpoint in its own --out. Worker 1's held none: a
+    TypeError traceback; an older copy of the run: the workers trained on from other weights,
+    worker 0 wrote a checkpoint and its summary, and both ended in TensorFlow's traceback."""
+    flags = [*FAST[:-2], "--batch-size", "32", "--checkpoint-every", "2"]
+    train(SCRIPTS["vanilla_gan"], tmp_path / "run", *flags, "--iters", "4")
+    shutil.copytree(tmp_path / "run", tmp_path / "older")
+    (tmp_path / "older" / "checkpoints" / "step_000004.npz").unlink()
+    results = finish(start_workers(SCRIPTS["vanilla_gan"], *flags, "--resume", "--iters", "6",
+                                   own_flags={0: ["--out", str(tmp_path / "run")],
+                                              1: ["--out", str(tmp_path / "older")]}))
+    assert_one_line_from_worker_0(results, 1, "--resume: the replicas' run folders hold different latest "
+                                  "checkpoints (replica 0: step 4, 1: step 2): each reads its own --out, which "
+                                  "must hold the one run (a file system the machines share)")
+    assert sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "step_000002.npz", "step_000004.npz"]
+
+
+def test_workers_reading_other_files_end_before_training_with_one_line(tmp_path):
+    """--data-dir may differ (a shared folder mounted elsewhere), the files it names may not:
+    other images trained in silence, each worker on its own data (of another size, both
+    ended in a traceback)."""
+    from PIL import Image
+
+    for index in range(32):
+        for worker in (0, 1):
+            pixels = np.random.default_rng([worker, index]).integers(0, 256, (8, 8), dtype=np.uint8)
+            (tmp_path / f"data{worker}" / "digits").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(tmp_path / f"data{worker}" / "digits" / f"{index}.png")
+    flags = ["--dataset", "folder", "--iters", "2", "--out", str(tmp_path / "run"), *FAST[2:-2], "--batch-size", "32"]
+    results = finish(start_workers(SCRIPTS["vanilla_gan"], *flags,
+                                   own_flags={worker: ["--data-dir", str(tmp_path / f"data{worker}")]
+                                              for worker in (0, 1)}))
+    assert_one_line_from_worker_0(results, 1, "the replicas hold different training data (here: 32 examples of "
+                                  "(8, 8, 1), uint8): every replica must read the same files (its own --data-dir "
+                                  "may name them at another path)")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_sigterm_to_one_worker_stops_both_with_one_checkpoint(tmp_path):

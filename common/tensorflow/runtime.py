@@ -262,14 +262,12 @@ class Replicas:
             raise distributed.ReplicaFailed("worker 0 stopped (its error is in its output)", quiet=True)
         return result
 
-    def check_same_settings(self, cfg: RunConfig) -> None:
-        """One line (printed by worker 0) unless every worker was started with the same flags
-        (common/distributed.py: all but the paths and threads of its own machine)."""
+    def gather(self, values: list[int]) -> list[list[int]]:
+        """Across workers; one process (--distribute mirrored too) holds one answer."""
         if self.workers == 1:
-            return
+            return [list(values)]
         with translate_failures():
-            fingerprints = _gather(self.strategy, tf.constant(distributed.settings_fingerprint(cfg), tf.int32))
-        distributed.check_same_settings(cfg, fingerprints.numpy().tolist(), "workers", quiet=not self.writer)
+            return _gather(self.strategy, tf.constant(values, tf.int32)).numpy().tolist()
 
     def _all_max(self, value: int) -> int:
         """The largest of the workers' `value`s (a signal number, or 0/1)."""
@@ -464,7 +462,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         tf.config.set_visible_devices([], "GPU")
     device_type = "cuda" if _GPUS and cfg.device != "cpu" else "cpu"
     replicas = start_replicas(cfg, device_type)
-    replicas.check_same_settings(cfg)
+    distributed.check_same_flags(cfg, replicas, "workers")
     if not replicas.writer:
         log = _silent
     bf16_supported = True
