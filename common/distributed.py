@@ -112,7 +112,10 @@ _MISSING = object()
 
 
 def _as_flag(name: str, value=_MISSING) -> str:
-    """A setting as its flag (`value`: as set), "--no-tensorboard" for TensorBoard's."""
+    """A setting as its flag (`value`: as set), "--no-tensorboard" for TensorBoard's; the model
+    is the script's own."""
+    if name == "model":
+        return "scripts" if value is _MISSING else f"{value}'s script"
     if name == "tensorboard":
         return "--no-tensorboard" if value is _MISSING or not value else "TensorBoard on"
     flag = "--" + name.replace("_", "-")

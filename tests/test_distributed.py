@@ -166,11 +166,16 @@ def test_replicas_started_with_different_flags_are_one_line_naming_them_and_this
 
 
 def test_replicas_may_differ_only_in_their_machines_paths_and_loader_threads():
+    from common.config import parse_args
+
     (here, _), fingerprints = fingerprints_of([], ["--out", "/elsewhere", "--workers", "2"])
     distributed.check_same_flags(here, Gathered(fingerprints))
     (here, *_), fingerprints = fingerprints_of([], [], ["--seed", "1"])  # the third of three
     with pytest.raises(UsageError, match="different --seed \\(here: --seed 0\\)"):
         distributed.check_same_flags(here, Gathered(fingerprints))
+    lsgan = parse_args("lsgan", "pytorch", [])  # another script: no --model flag to name
+    with pytest.raises(UsageError, match="different scripts \\(here: vanilla_gan's script\\)"):
+        distributed.check_same_flags(here, Gathered([fingerprints[0], distributed.flags_fingerprint(lsgan)]))
 
 
 def test_every_other_setting_enters_the_fingerprint():

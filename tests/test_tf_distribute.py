@@ -241,28 +241,37 @@ def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_a
 
 @pytest.mark.parametrize("flags,tf_config,words", [
     (["--distribute", "mirrored"], None, "needs --replicas N"),
-    (["--distribute", "multi-worker"], "", "TF_CONFIG, which is not set"),
-    (["--distribute", "multi-worker"], "{not json", "not a worker cluster"),
+    (["--distribute", "multi-worker"], "", "TF_CONFIG, which is empty"),
+    (["--distribute", "multi-worker"], "{not json", "TF_CONFIG is not JSON (Expecting property name enclosed in "
+                                                    "double quotes: line 1 column 2 (char 1))"),
+    (["--distribute", "multi-worker"], "{'cluster': {}}", "TF_CONFIG is not JSON"),  # Python's quotes
+    (["--distribute", "multi-worker"], '["a:1"]', 'TF_CONFIG names no "cluster": expected'),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}}', 'TF_CONFIG names no "task", this '
+                                                                          "process's type and index"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}',
+     "TF_CONFIG names this process's task type 'chief', not \"worker\""),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0.0}}',
+     "TF_CONFIG names this process's task index 0.0, not an integer"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}',
      "TF_CONFIG's task index 1 names no worker: the cluster lists 1 worker, whose indices are 0 to 0"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", '
                                        '"index": -1}}', "task index -1 names no worker"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}',
-     "not a worker cluster"),
+     'TF_CONFIG lists no workers, as "host:port" strings, in cluster.worker'),
     # two workers cannot listen on one port: each waited out the join's timeout
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1", "b:2", "a:1"]}, "task": {"type": "worker", '
                                        '"index": 0}}', "TF_CONFIG lists a:1 more than once: each worker needs its own"),
     # a string index trained without ever writing (worker "0" is not worker 0), a string or
     # numbers for the workers ended in TensorFlow's traceback, and a parameter server hung
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "0"}}',
-     "not a worker cluster"),
+     "TF_CONFIG names this process's task index '0', not an integer"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}',
-     "not a worker cluster"),
+     "TF_CONFIG lists no workers"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": [12]}, "task": {"type": "worker", "index": 0}}',
-     "not a worker cluster"),
+     "TF_CONFIG lists no workers"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"], "ps": ["a:2"]}, '
                                        '"task": {"type": "worker", "index": 0}}', "names ps besides the workers"),
-    (["--distribute", "multi-worker"], "[" * 100000, "not a worker cluster"),
+    (["--distribute", "multi-worker"], "[" * 100000, "TF_CONFIG is not JSON (nested too deeply)"),
     # no port, or none a socket takes: TensorFlow's C++ error lines came before ours
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}',
      "TF_CONFIG's worker 'localhost' is not host:port (a port from 1 to 65535)"),
@@ -526,6 +535,18 @@ def test_workers_reading_other_files_end_before_training_with_one_line(tmp_path)
                                   "(8, 8, 1), uint8): every replica must read the same files (its own --data-dir "
                                   "may name them at another path)")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_second_worker_given_the_same_index_names_the_address_in_use(tmp_path):
+    """It said only "Could not start gRPC server", after TensorFlow's C++ lines."""
+    results = finish(start_workers(SCRIPTS["vanilla_gan"], "--out", str(tmp_path / "run"), "--iters", "2", *FAST,
+                                   indices=(0, 0), env={"AMPGEN_JOIN_TIMEOUT_S": "5"}), timeout=120)
+    # whichever binds the port second; the other waits out its join
+    (code, _, err, _), = [result for result in results if result[0] == 1] or [results[0]]
+    ours = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(ours) == 1, [result[2][-2000:] for result in results]
+    assert re.fullmatch(r"error: could not join the other workers \(.*gRPC server.*\); is 127\.0\.0\.1:\d+ in use, "
+                        r"by another worker given this task index, or another program\?", ours[0]), ours
 
 
 def test_a_sigterm_to_one_worker_stops_both_with_one_checkpoint(tmp_path):

@@ -340,7 +340,10 @@ def start_replicas(cfg: RunConfig, device_type: str) -> Replicas:
         with _given_up_after(_join_timeout_s(), len(cluster["cluster"]["worker"])):
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        raise UserError(f"could not join the other workers ({first_line(error)})") from None
+        own = cluster["cluster"]["worker"][cluster["task"]["index"]]
+        hint = (f"; is {own} in use, by another worker given this task index, or another program?"
+                if "gRPC server" in str(error) else "")
+        raise UserError(f"could not join the other workers ({first_line(error)}){hint}") from None
     return Replicas(strategy, rank=cluster["task"]["index"], workers=len(cluster["cluster"]["worker"]))
 
 
@@ -383,18 +386,18 @@ _CLUSTER_FORM = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "w
 
 def _read_tf_config() -> dict:
     text = os.environ.get("TF_CONFIG")
-    if not text:
-        raise UsageError(f"--distribute multi-worker reads the cluster from TF_CONFIG, which is not set: "
-                         f"{_CLUSTER_FORM}")
+    if not text or not text.strip():
+        raise UsageError(f"--distribute multi-worker reads the cluster from TF_CONFIG, which is "
+                         f"{'not set' if text is None else 'empty'}: {_CLUSTER_FORM}")
     try:
         cluster = json.loads(text)
-        workers, task = cluster["cluster"]["worker"], cluster["task"]
-        index = task["index"]
-        if (not isinstance(workers, list) or not workers or not all(isinstance(address, str) for address in workers)
-                or task["type"] != "worker" or type(index) is not int):
-            raise ValueError
-    except (ValueError, KeyError, TypeError, RecursionError):
-        raise UsageError(f"TF_CONFIG is not a worker cluster: expected {_CLUSTER_FORM}") from None
+    except (ValueError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else first_line(error)
+        raise UsageError(f"TF_CONFIG is not JSON ({clipped(reason, 80)}): expected {_CLUSTER_FORM}") from None
+    problem = _cluster_problem(cluster)
+    if problem:
+        raise UsageError(f"TF_CONFIG {problem}: expected {_CLUSTER_FORM}")
+    workers, index = cluster["cluster"]["worker"], cluster["task"]["index"]
     if not 0 <= index < len(workers):
         raise UsageError(f"TF_CONFIG's task index {index} names no worker: the cluster lists {len(workers)} "
                          f"worker{'s' * (len(workers) != 1)}, whose indices are 0 to {len(workers) - 1}")
@@ -412,6 +415,24 @@ def _read_tf_config() -> dict:
         raise UsageError(f"TF_CONFIG names {', '.join(others)} besides the workers: --distribute multi-worker "
                          f"takes workers only, worker 0 writing the run: {_CLUSTER_FORM}")
     return cluster
+
+
+def _cluster_problem(cluster) -> str | None:
+    """What keeps a parsed TF_CONFIG from being a cluster of workers and this process's task
+    in it, as words after "TF_CONFIG"; None: nothing."""
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("cluster"), dict):
+        return 'names no "cluster"'
+    workers = cluster["cluster"].get("worker")
+    if not isinstance(workers, list) or not workers or not all(isinstance(address, str) for address in workers):
+        return 'lists no workers, as "host:port" strings, in cluster.worker'
+    task = cluster.get("task")
+    if not isinstance(task, dict):
+        return 'names no "task", this process\'s type and index'
+    if task.get("type") != "worker":
+        return f"names this process's task type {clipped(repr(task.get('type')), 40)}, not \"worker\""
+    if type(task.get("index")) is not int:  # a string "0" trained without ever writing: no worker was worker 0
+        return f"names this process's task index {clipped(repr(task.get('index')), 40)}, not an integer"
+    return None
 
 
 def synchronize_batch_norm(model: keras.Model) -> None:
