@@ -346,10 +346,11 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def start_workers(script: str, *flags: str, indices=(0, 1), env=None, own_flags=None) -> list[subprocess.Popen]:
-    """A two-worker cluster on 127.0.0.1; `indices`: the workers of it started; `own_flags`:
-    more flags for some of them, by index."""
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+def start_workers(script: str, *flags: str, indices=(0, 1), env=None, own_flags=None,
+                  ports=None) -> list[subprocess.Popen]:
+    """A two-worker cluster on 127.0.0.1 (on `ports`, if given); `indices`: the workers of it
+    started; `own_flags`: more flags for some of them, by index."""
+    workers = [f"127.0.0.1:{port}" for port in ports or free_ports(2)]
     processes = []
     for index in indices:
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
@@ -369,10 +370,30 @@ def test_a_worker_whose_peers_never_join_gives_up_in_one_line(tmp_path):
                                env={"AMPGEN_JOIN_TIMEOUT_S": "3"})
     ((code, _, err, seconds),) = finish([process], timeout=120)
     assert code == -signal.SIGKILL, err[-2000:]
-    ours = [line for line in err.splitlines() if line.startswith("error:")]
-    assert ours == ["error: the 2 workers of TF_CONFIG did not all join within 3 s (each one started, with its "
+    ours = [line for line in err.splitlines() if line.startswith(("error:", "waiting for"))]
+    assert ours == ["waiting for the other 1 worker(s) of TF_CONFIG (each started with --distribute multi-worker and "
+                    "its own index?); up to 3 s (AMPGEN_JOIN_TIMEOUT_S), Ctrl-C stops it",
+                    "error: the 2 workers of TF_CONFIG did not all join within 3 s (each one started, with its "
                     "own index and a free port?); AMPGEN_JOIN_TIMEOUT_S waits longer"], err[-2000:]
     assert seconds < 60 and not run.exists()
+
+
+def test_a_worker_that_joins_after_saying_what_it_waits_for_says_so(tmp_path):
+    """A worker alone printed nothing, not even its banner, until its join timed out (10
+    minutes); PyTorch's replicas said what they waited for after 20 s."""
+    ports = free_ports(2)
+    flags = ["--out", str(tmp_path / "run"), "--iters", "2", *FAST]
+    processes = start_workers(SCRIPTS["vanilla_gan"], *flags, indices=(0,), ports=ports,
+                              env={"AMPGEN_JOIN_TIMEOUT_S": "40"})  # says so after 10 s
+    try:
+        time.sleep(12)
+        processes += start_workers(SCRIPTS["vanilla_gan"], *flags, indices=(1,), ports=ports)
+    finally:
+        (code0, _, err0, _), (code1, _, err1, _) = finish(processes)
+    assert (code0, code1) == (0, 0), (err0[-2000:], err1[-2000:])
+    said = [line for line in err0.splitlines() if line.startswith(("waiting for", "joined"))]
+    assert len(said) == 2 and said[0].startswith("waiting for the other 1 worker(s) of TF_CONFIG"), err0[-2000:]
+    assert re.fullmatch(r"joined the other workers after \d+ s", said[1]), said
 
 
 def join_watchdog(pid: int) -> int | None:

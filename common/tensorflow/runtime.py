@@ -55,6 +55,7 @@ _GPUS = tf.config.list_physical_devices("GPU")
 # heartbeats: either way the collectives fail and the others end with one line (10 s after a
 # SIGSTOP on the 2-core CPU).
 JOIN_TIMEOUT_S = 600
+JOIN_NOTICE_S = 20  # a join slower than this (or a quarter of the timeout) says what it waits for, as PyTorch's
 
 # A process beside the joining worker: unless the worker closes the pipe (joined, or gone) in
 # time, it says so in one line and kills the worker. It takes Ctrl-C and SIGTERM for the worker
@@ -65,7 +66,9 @@ JOIN_TIMEOUT_S = 600
 # worker alone does not: the join installs TensorFlow's pre-emption handler in Python's place.
 _JOIN_WATCHDOG = """
 import os, select, signal, sys, time
-pid, seconds, message, signals = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+NOTICE_S = %d
+pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+signals, notice = int(sys.argv[4]), sys.argv[5]
 def say(line):  # after the kill: a reader gone from stderr (`| tee`, ended by the same Ctrl-C) must not stop it
     try:
         print(line, file=sys.stderr, flush=True)
@@ -77,11 +80,20 @@ def interrupted(signum, frame=None):
     sys.exit(0)
 signal.signal(signal.SIGINT, interrupted)
 signal.signal(signal.SIGTERM, interrupted)
-deadline, watched = time.monotonic() + seconds, [sys.stdin, signals]
+started = time.monotonic()
+deadline, watched = started + seconds, [sys.stdin, signals]
+notice_at = started + min(NOTICE_S, seconds / 4)  # a join that takes longer says what it waits for
 while True:
-    ready = select.select(watched, [], [], max(0.0, deadline - time.monotonic()))[0]
-    if sys.stdin in ready:  # joined, or gone
+    wake = deadline if notice_at is None else notice_at
+    ready = select.select(watched, [], [], max(0.0, wake - time.monotonic()))[0]
+    if sys.stdin in ready:  # joined ("j" written), or gone
+        if sys.stdin.buffer.read(1) == b"j" and notice_at is None:
+            say(f"joined the other workers after {time.monotonic() - started:.0f} s")
         break
+    if not ready and notice_at is not None:
+        say(notice)
+        notice_at = None
+        continue
     if not ready:
         os.kill(pid, signal.SIGKILL)
         say(message)
@@ -92,7 +104,7 @@ while True:
     for signum in received:
         if signum in (signal.SIGINT, signal.SIGTERM):
             interrupted(signum)
-"""
+""" % JOIN_NOTICE_S
 
 
 def describe_tensorflow() -> str:
@@ -362,22 +374,29 @@ def _join_timeout_s() -> float:
 def _given_up_after(seconds: float, workers: int):
     message = (f"error: the {workers} workers of TF_CONFIG did not all join within {seconds:g} s (each one "
                "started, with its own index and a free port?); AMPGEN_JOIN_TIMEOUT_S waits longer")
+    notice = (f"waiting for the other {workers - 1} worker(s) of TF_CONFIG (each started with --distribute "
+              f"multi-worker and its own index?); up to {seconds:g} s (AMPGEN_JOIN_TIMEOUT_S), Ctrl-C stops it")
     signals_read, signals_written = os.pipe()
     os.set_blocking(signals_written, False)  # as set_wakeup_fd requires
     watchdog = subprocess.Popen([sys.executable, "-c", _JOIN_WATCHDOG, str(os.getpid()), str(seconds), message,
-                                 str(signals_read)], stdin=subprocess.PIPE, pass_fds=(signals_read,))
+                                 str(signals_read), notice], stdin=subprocess.PIPE, pass_fds=(signals_read,))
     os.close(signals_read)
     try:
         previous = signal.set_wakeup_fd(signals_written, warn_on_full_buffer=False)
     except ValueError:  # not the main thread, whose signals these are: the group's reach the watchdog still
         previous = None
+    joined = False
     try:
         yield
+        joined = True
     finally:
         if previous is not None:
             signal.set_wakeup_fd(previous)
         os.close(signals_written)
-        watchdog.stdin.close()
+        with contextlib.suppress(OSError):  # a watchdog gone: it killed this worker, or was killed
+            if joined:  # which its notice, if said, follows with how long the join took
+                watchdog.stdin.write(b"j")
+            watchdog.stdin.close()
         watchdog.wait()
 
 
