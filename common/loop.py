@@ -120,8 +120,9 @@ class StopRequest:
                 return
             raise KeyboardInterrupt
         self.requested, self._at = signum, time.monotonic()
+        again = "Ctrl-C again" if signum == signal.SIGINT else "another signal"
         sys.stderr.write(f"\n{signal.Signals(signum).name}: finishing this step and saving a "
-                         "checkpoint (Ctrl-C again to quit at once)\n")
+                         f"checkpoint ({again} to quit at once)\n")
 
     def __exit__(self, *exc):
         for signum, previous in self._previous.items():

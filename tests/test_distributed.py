@@ -133,6 +133,16 @@ def test_a_relayed_signal_is_the_same_stop_request_and_a_later_one_quits(monkeyp
             time.sleep(0.1)
 
 
+@pytest.mark.parametrize("name, again", [("SIGINT", "Ctrl-C again"), ("SIGTERM", "another signal")])
+def test_a_stop_request_says_what_quits_at_once(name, again, capsys):
+    """A SIGTERM (a scheduler's, `kill`) had been told "Ctrl-C again to quit at once"."""
+    with StopRequest() as stop:
+        os.kill(os.getpid(), getattr(signal, name))
+        assert stop.requested == getattr(signal, name)
+    said = capsys.readouterr().err
+    assert said == f"\n{name}: finishing this step and saving a checkpoint ({again} to quit at once)\n"
+
+
 # --- the replicas' flags, compared as they start --------------------------------------------
 
 class Gathered:
