@@ -798,29 +798,43 @@ exit_on_user_error(lambda: run_child([sys.executable, "-c", {child!r}, {marker!r
 """
 
 
-def test_ctrl_c_reaches_the_child_which_saves_before_the_parent_stops_in_one_line(tmp_path):
-    """A terminal sends Ctrl-C to the whole process group. subprocess.run raised
-    KeyboardInterrupt in compare.py and benchmark.py (a traceback) and killed the training
-    child 0.25 s later, mid-checkpoint; run_child waits for it and stops with one line, 130."""
+def signal_a_parent(tmp_path, child: str, send) -> tuple[int, str]:
+    """Run PARENT over `child` (which writes <marker>.started, then <marker>), call `send(pid)`
+    once the child has started, and return the parent's exit status and stderr; whatever is
+    left of the pair, which share a process group, is killed."""
     import signal
     import subprocess
     import sys
     import time
 
     marker = str(tmp_path / "marker")
-    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(repo=str(REPO), child=CHILD, marker=marker)],
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(repo=str(REPO), child=child, marker=marker)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not os.path.exists(marker + ".started") and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.killpg(parent.pid, signal.SIGINT)
-        _, err = parent.communicate(timeout=60)
+        send(parent.pid)
+        _, err = parent.communicate(timeout=30)
     finally:
         if parent.poll() is None:
-            os.killpg(parent.pid, signal.SIGKILL)
+            parent.kill()
             parent.communicate()
-    assert parent.returncode == 130, err
+        try:
+            os.killpg(parent.pid, signal.SIGKILL)  # a child left behind, still in the parent's group
+        except ProcessLookupError:  # none
+            pass
+    return parent.returncode, err
+
+
+def test_ctrl_c_reaches_the_child_which_saves_before_the_parent_stops_in_one_line(tmp_path):
+    """A terminal sends Ctrl-C to the whole process group. subprocess.run raised
+    KeyboardInterrupt in compare.py and benchmark.py (a traceback) and killed the training
+    child 0.25 s later, mid-checkpoint; run_child waits for it and stops with one line, 130."""
+    import signal
+
+    code, err = signal_a_parent(tmp_path, CHILD, lambda pid: os.killpg(pid, signal.SIGINT))
+    assert code == 130, err
     assert err.strip() == "error: interrupted: the run saved a checkpoint"
     assert (tmp_path / "marker").read_text() == "saved"
 
@@ -842,29 +856,9 @@ def test_a_sigterm_to_the_parent_alone_is_passed_on_to_the_child(tmp_path):
     """`kill -TERM` of the parent's pid alone killed it at once, with no line, and left the
     child training on alone."""
     import signal
-    import subprocess
-    import sys
-    import time
 
-    marker = str(tmp_path / "marker")
-    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(repo=str(REPO), child=STOPPING_CHILD,
-                                                                   marker=marker)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(marker + ".started") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(parent.pid, signal.SIGTERM)
-        _, err = parent.communicate(timeout=30)  # the child sleeps for 60 s unless it is told
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.communicate()
-        try:
-            os.killpg(parent.pid, signal.SIGKILL)  # a child left behind, still in the parent's group
-        except ProcessLookupError:  # none
-            pass
-    assert parent.returncode == 128 + signal.SIGTERM, err
+    code, err = signal_a_parent(tmp_path, STOPPING_CHILD, lambda pid: os.kill(pid, signal.SIGTERM))
+    assert code == 128 + signal.SIGTERM, err  # the child sleeps for 60 s unless it is told
     assert err.strip() == "error: interrupted: the run saved a checkpoint"
     assert (tmp_path / "marker").read_text() == "SIGTERM"
 
@@ -886,25 +880,9 @@ def test_a_ctrl_c_is_not_passed_on_to_the_child(tmp_path):
     training loop in a traceback (in most of 20 tries, a child in exit_on_user_error). Sent to
     the parent alone, it is noted there, and the parent stops with its line once the child ends."""
     import signal
-    import subprocess
-    import sys
-    import time
 
-    marker = str(tmp_path / "marker")
-    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(repo=str(REPO), child=NOTING_CHILD,
-                                                                   marker=marker)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(marker + ".started") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(parent.pid, signal.SIGINT)
-        _, err = parent.communicate(timeout=30)
-    finally:
-        if parent.poll() is None:
-            os.killpg(parent.pid, signal.SIGKILL)
-            parent.communicate()
-    assert parent.returncode == 130, err
+    code, err = signal_a_parent(tmp_path, NOTING_CHILD, lambda pid: os.kill(pid, signal.SIGINT))
+    assert code == 130, err
     assert err.strip() == "error: interrupted: the run saved a checkpoint"
     assert (tmp_path / "marker").read_text() == "0"
 
