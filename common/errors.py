@@ -54,9 +54,14 @@ class CheckpointError(UserError):
 
 def first_line(error: BaseException) -> str:
     """An exception's message as one line, for quoting in ours: its first line, less
-    TensorFlow's `{{function_node ...}}` tag; the type's name when it has no message."""
+    TensorFlow's `{{function_node ...}}` tag, with the next one where it ends in a colon (what
+    the colon announces: TensorFlow's lost worker, "... (stopped sending heartbeats):", is named
+    on the next line); the type's name when it has no message."""
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", str(error)).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def clipped(text: str, limit: int) -> str:

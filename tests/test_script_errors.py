@@ -182,6 +182,10 @@ def test_file_system_errors_become_one_line_naming_the_path(error, expected, cap
     (RuntimeError("{{function_node __wrapped__FlushSummaryWriter_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
                   "events.out; No space left on device\n\tFailed to flush 7 events"),
      "events.out; No space left on device"),
+    # what a colon announces is on the next line: the worker TensorFlow lost, here
+    (RuntimeError("The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n"
+                  "The tasks have crashed."),
+     "The following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1"),
 ])
 def test_an_error_quoted_in_ours_is_its_first_line(error, expected):
     assert first_line(error) == expected
