@@ -798,7 +798,8 @@ GRAY_16_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 # 1-bit, 8-bit and gray with alpha (dropped): one channel each
 GRAY_MODES = ("1", "L", "LA", *GRAY_16_BIT_MODES)
 # 32-bit pixels (a TIFF or a 16-bit PGM named .png, which Pillow opens by its content): the mode
-# does not say their range, so there is no right scale to 8 bits, and convert() clips at 255
+# does not say their range (a TIFF's may be anything, a PGM's Pillow stretches to 16 bits), so
+# there is no one right scale to 8 bits, and convert() clips at 255
 WIDE_MODES = {"I": "32-bit integer", "F": "32-bit floating-point"}
 
 
@@ -828,7 +829,7 @@ def _load_image_folder(root: Path, image_size: int | None, limit: int | None = N
         with _open_image(path) as image:  # opening reads only the header
             if image.mode in WIDE_MODES:
                 raise DataError(f"{path} has {WIDE_MODES[image.mode]} pixels (Pillow mode {image.mode}), whose "
-                                "range is unknown; save it as an 8- or 16-bit PNG")
+                                "range its mode does not say; save it as an 8- or 16-bit PNG")
             grays_and_sizes.append((_is_grayscale(image), image.size))
     grayscale = all(gray for gray, _ in grays_and_sizes)
     if image_size is not None:

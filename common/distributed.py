@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
+from pathlib import Path
 from typing import Callable, Protocol, TypeVar
 
 import numpy as np
@@ -42,11 +43,12 @@ def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False
                          f"of {unit} (the global batch; each replica trains on batch / {count})", quiet=quiet)
 
 
-# What a replica's own machine decides: where it finds the data and the run (a shared folder
-# mounted at another path) and its loader threads. Every other flag must be the same on every
-# replica: a different --iters ended TensorFlow's workers in a traceback, a different
-# --batch-size trained on unequal shards, a different --lr would step the replicas apart.
-PER_MACHINE_FLAGS = ("data_dir", "out", "workers")
+# What a replica's own machine decides: where it finds the data, the run and the weights to
+# start from (a shared folder mounted at another path; what they hold is compared, below), and
+# its loader threads. Every other flag must be the same on every replica: a different --iters
+# ended TensorFlow's workers in a traceback, a different --batch-size trained on unequal
+# shards, a different --lr would step the replicas apart.
+PER_MACHINE_FLAGS = ("data_dir", "out", "init_from", "workers")
 
 
 def shared_flags(cfg) -> dict:
@@ -61,20 +63,23 @@ def flags_fingerprint(cfg) -> list[int]:
     return [_crc(json.dumps(value).encode()) for value in shared_flags(cfg).values()]
 
 
-def check_same_flags(cfg, replicas: "Replicas", who: str = "replicas") -> None:
+def check_same_flags(cfg, replicas: "Replicas") -> None:
     """One UsageError line on every replica (printed by the writer) unless every replica was
     started with the same flags but those of PER_MACHINE_FLAGS: it names the flags that
-    differ, and this replica's values of them. `who`: "replicas" (torchrun's) or "workers"
-    (TF_CONFIG's)."""
+    differ, and this replica's values of them."""
     settings = shared_flags(cfg)
+    # the flags' names first: other code on another machine would compare numbers unpaired
+    if len({row[0] for row in replicas.gather([_crc(json.dumps(list(settings)).encode())])}) > 1:
+        raise UsageError(f"the {replicas.noun} run different versions of this code (their flags differ): check "
+                         "out the same commit on every machine", quiet=not replicas.writer)
     fingerprints = replicas.gather(flags_fingerprint(cfg))
     apart = [name for index, name in enumerate(settings) if len({replica[index] for replica in fingerprints}) > 1]
     if apart:
+        flags = ", ".join(_as_flag(name) for name in apart)
         here = ", ".join(_as_flag(name, settings[name]) for name in apart)
         may_differ = ", ".join(_as_flag(name) for name in PER_MACHINE_FLAGS)
-        raise UsageError(f"the {who} were started with different {', '.join(_as_flag(name) for name in apart)} "
-                         f"(here: {here}): start every one with the same flags (only {may_differ} may differ)",
-                         quiet=not replicas.writer)
+        raise UsageError(f"the {replicas.noun} were started with different {flags} (here: {here}): start every one "
+                         f"with the same flags (only {may_differ} may differ)", quiet=not replicas.writer)
 
 
 def check_same_data(x: np.ndarray, replicas: "Replicas") -> None:
@@ -86,9 +91,9 @@ def check_same_data(x: np.ndarray, replicas: "Replicas") -> None:
         return
     here = [len(x), _crc(f"{x.shape} {x.dtype}".encode()), _crc(np.ascontiguousarray(x).data)]
     if any(row != here for row in replicas.gather(here)):
-        raise DataError(f"the replicas hold different training data (here: {len(x):,} examples of {x.shape[1:]}, "
-                        f"{x.dtype}): every replica must read the same files (its own --data-dir may name them "
-                        "at another path)", quiet=not replicas.writer)
+        raise DataError(f"the {replicas.noun} hold different training data (here: {len(x):,} examples of "
+                        f"{x.shape[1:]}, {x.dtype}): every one must read the same files (its own --data-dir may "
+                        "name them at another path)", quiet=not replicas.writer)
 
 
 def check_same_checkpoint(step: int | None, replicas: "Replicas") -> None:
@@ -99,9 +104,23 @@ def check_same_checkpoint(step: int | None, replicas: "Replicas") -> None:
     steps = [row[0] for row in replicas.gather([-1 if step is None else step])]
     if len(set(steps)) > 1:
         found = ", ".join(f"{rank}: {f'step {at}' if at >= 0 else 'none'}" for rank, at in enumerate(steps))
-        raise CheckpointError(f"--resume: the replicas' run folders hold different latest checkpoints (replica "
-                              f"{found}): each reads its own --out, which must hold the one run (a file system "
-                              "the machines share)", quiet=not replicas.writer)
+        raise CheckpointError(f"--resume: the {replicas.noun}' run folders hold different latest checkpoints "
+                              f"({replicas.noun[:-1]} {found}): each reads its own --out, which must hold the one "
+                              "run (a file system the machines share)", quiet=not replicas.writer)
+
+
+def check_same_start(weights_file, replicas: "Replicas") -> None:
+    """--init-from: one CheckpointError line on every replica (printed by the writer) unless
+    every replica loaded the same file (a CRC of its bytes). Each names its own path, and the
+    weights are loaded after DDP's broadcast of the initial ones, so other files would train
+    the replicas apart."""
+    if replicas.count == 1:
+        return
+    here = _crc(Path(weights_file).read_bytes())
+    if len({row[0] for row in replicas.gather([here])}) > 1:
+        raise CheckpointError(f"the {replicas.noun} loaded different --init-from weights (here: {weights_file}): "
+                              "every one must load the same file (its own --init-from may name it at another path)",
+                              quiet=not replicas.writer)
 
 
 def _crc(data) -> int:
@@ -133,14 +152,15 @@ class Replicas(Protocol):
 
     rank: int   # 0 writes the run folder
     count: int
+    noun: str   # what messages call them: "replicas" (torchrun's), "workers" (TF_CONFIG's processes)
 
     @property
     def writer(self) -> bool:
         """This replica writes the run folder (config, history, samples, checkpoints, TensorBoard)."""
 
     def gather(self, values: list[int]) -> list[list[int]]:
-        """Every replica's `values` (int32s, as many on each), in rank order: the same answer
-        on every replica."""
+        """Every replica's `values` (int32s, as many on each; TensorFlow: every worker's), in
+        rank order: the same answer on every replica."""
 
     def writer_first(self, action: Callable[[], T]) -> T | None:
         """Run `action` on the writer while the others wait; a UserError it raises ends every
@@ -157,7 +177,7 @@ class Replicas(Protocol):
 class OneProcess:
     """The `Replicas` of a run in one process (the loop's default, and the tests')."""
 
-    rank, count, writer = 0, 1, True
+    rank, count, writer, noun = 0, 1, True, "replicas"
 
     def gather(self, values: list[int]) -> list[list[int]]:
         return [list(values)]

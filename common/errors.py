@@ -52,16 +52,16 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not belong to this run."""
 
 
-def first_line(error: BaseException) -> str:
+def first_line(error: BaseException, announced: bool = False) -> str:
     """An exception's message as one line, for quoting in ours: its first line, less
-    TensorFlow's `{{function_node ...}}` tag, with the next one where it ends in a colon (what
-    the colon announces: TensorFlow's lost worker, "... (stopped sending heartbeats):", is named
-    on the next line); the type's name when it has no message."""
+    TensorFlow's `{{function_node ...}}` tag; the type's name when it has no message.
+    `announced`: with the next line where the first ends in a colon (TensorFlow's lost worker,
+    "... (stopped sending heartbeats):", is named on the next line)."""
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", str(error)).strip()
     if not text:
         return type(error).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return f"{lines[0]} {lines[1]}" if announced and lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def clipped(text: str, limit: int) -> str:
@@ -153,7 +153,8 @@ def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.Com
     a child outside its training loop in a traceback.
     The child runs alone: torchrun's variables and TF_CONFIG, left in a shell, are not passed
     on (a model script would join replicas that never come: `evaluate.py` waited 10 minutes)."""
-    kwargs["env"] = {name: value for name, value in (kwargs.get("env") or os.environ).items()
+    given = kwargs.get("env")
+    kwargs["env"] = {name: value for name, value in (os.environ if given is None else given).items()
                      if name not in REPLICA_VARIABLES}
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         return subprocess.run(command, **kwargs)
@@ -175,9 +176,9 @@ def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.Com
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if received or result.returncode == 130:
+    if received or result.returncode in (130, 143):  # the child stopped on a signal of its own, and saved
         stopped = Interrupted(f"interrupted: {on_interrupt}")
-        stopped.exit_code = 128 + (received[0] if received else signal.SIGINT)
+        stopped.exit_code = 128 + received[0] if received else result.returncode
         raise stopped
     return result
 

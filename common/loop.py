@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from common import cpu, porting, sampling
 from common.config import SCALE_WARN_WINDOW, RunConfig
-from common.distributed import OneProcess, Replicas, check_same_checkpoint
+from common.distributed import OneProcess, Replicas, check_same_checkpoint, check_same_start
 from common.errors import CheckpointError, Interrupted, UserError, escaped_line_breaks
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
@@ -214,6 +214,7 @@ def open_run(cfg: RunConfig, precision: str, details: dict, networks: dict, expo
     others wait, and they see it read-only."""
     if cfg.init_from and not cfg.resume:
         source = porting.start_from(cfg.init_from, cfg.model, networks, import_weights, sample_shape)
+        check_same_start(source, replicas)
         log(f"initial weights from {source}")
 
     def prepare() -> RunFolder:

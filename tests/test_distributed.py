@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -146,15 +147,30 @@ def test_a_stop_request_says_what_quits_at_once(name, again, capsys):
 # --- the replicas' flags, compared as they start --------------------------------------------
 
 class Gathered:
-    """The replicas of a gather, seen from rank `rank`: what each of them sent."""
+    """The replicas of a gather, seen from rank `rank`: what each of them sent (a list of rows
+    per gather, for a check that gathers more than once)."""
 
-    def __init__(self, rows: list[list[int]], rank: int = 0):
-        self.rows, self.rank, self.count = rows, rank, len(rows)
+    def __init__(self, rows: list[list[int]], rank: int = 0, noun: str = "replicas"):
+        self.rows, self.rank, self.count, self.noun = rows, rank, len(rows), noun
         self.writer = rank == 0
 
     def gather(self, values: list[int]) -> list[list[int]]:
         assert list(values) == self.rows[self.rank]  # this replica's own row, as sent
         return self.rows
+
+
+class GatheredFlags(Gathered):
+    """check_same_flags' two gathers: the flags' names (alike, unless `names` differ), then
+    their values."""
+
+    def __init__(self, rows: list[list[int]], rank: int = 0, noun: str = "replicas", names=None):
+        super().__init__(rows, rank, noun)
+        self.names = names
+
+    def gather(self, values: list[int]) -> list[list[int]]:
+        if len(values) == 1:  # the names' CRC
+            return [list(values)] * (self.count - 1) + [[self.names if self.names is not None else values[0]]]
+        return super().gather(values)
 
 
 def fingerprints_of(*argvs: list[str]) -> tuple[list, list[list[int]]]:
@@ -168,24 +184,27 @@ def test_replicas_started_with_different_flags_are_one_line_naming_them_and_this
     (here, _), fingerprints = fingerprints_of(["--lr", "1e-3", "--no-tensorboard"],
                                               ["--amp", "--out", "/elsewhere", "--workers", "2"])
     with pytest.raises(UsageError) as refused:
-        distributed.check_same_flags(here, Gathered(fingerprints[::-1], rank=1), "workers")
+        distributed.check_same_flags(here, GatheredFlags(fingerprints[::-1], rank=1, noun="workers"))
     assert str(refused.value) == ("the workers were started with different --amp, --lr, --no-tensorboard (here: "
                                   "no --amp, --lr 0.001, --no-tensorboard): start every one with the same flags "
-                                  "(only --data-dir, --out, --workers may differ)")
+                                  "(only --data-dir, --out, --init-from, --workers may differ)")
     assert refused.value.quiet and refused.value.exit_code == 2
 
 
 def test_replicas_may_differ_only_in_their_machines_paths_and_loader_threads():
     from common.config import parse_args
 
-    (here, _), fingerprints = fingerprints_of([], ["--out", "/elsewhere", "--workers", "2"])
-    distributed.check_same_flags(here, Gathered(fingerprints))
+    (here, _), fingerprints = fingerprints_of([], ["--out", "/elsewhere", "--workers", "2", "--init-from", "/run"])
+    distributed.check_same_flags(here, GatheredFlags(fingerprints))
     (here, *_), fingerprints = fingerprints_of([], [], ["--seed", "1"])  # the third of three
     with pytest.raises(UsageError, match="different --seed \\(here: --seed 0\\)"):
-        distributed.check_same_flags(here, Gathered(fingerprints))
+        distributed.check_same_flags(here, GatheredFlags(fingerprints))
     lsgan = parse_args("lsgan", "pytorch", [])  # another script: no --model flag to name
     with pytest.raises(UsageError, match="different scripts \\(here: vanilla_gan's script\\)"):
-        distributed.check_same_flags(here, Gathered([fingerprints[0], distributed.flags_fingerprint(lsgan)]))
+        distributed.check_same_flags(here, GatheredFlags([fingerprints[0], distributed.flags_fingerprint(lsgan)]))
+    with pytest.raises(UsageError, match="^the replicas run different versions of this code \\(their flags differ\\): "
+                                         "check out the same commit on every machine$"):
+        distributed.check_same_flags(here, GatheredFlags([fingerprints[0]] * 2, names=12345))
 
 
 def test_every_other_setting_enters_the_fingerprint():
@@ -230,9 +249,23 @@ def test_replicas_holding_other_data_are_one_line():
     with pytest.raises(DataError) as refused:
         distributed.check_same_data(images, Gathered([theirs, ours], rank=1))
     assert str(refused.value) == ("the replicas hold different training data (here: 2 examples of (28, 28, 1), "
-                                  "uint8): every replica must read the same files (its own --data-dir may name "
-                                  "them at another path)")
+                                  "uint8): every one must read the same files (its own --data-dir may name them at "
+                                  "another path)")
     assert refused.value.quiet
+
+
+def test_replicas_that_loaded_other_init_from_weights_are_one_line(tmp_path):
+    ours, theirs = tmp_path / "ours.npz", tmp_path / "theirs.npz"
+    ours.write_bytes(b"weights")
+    theirs.write_bytes(b"weightz")
+    crc = lambda path: zlib.crc32(path.read_bytes()) >> 1  # noqa: E731
+    distributed.check_same_start(ours, Gathered([[crc(ours)], [crc(ours)]]))
+    distributed.check_same_start(ours, Gathered([[]]))  # one process: nothing read, nothing gathered
+    with pytest.raises(CheckpointError) as refused:
+        distributed.check_same_start(ours, Gathered([[crc(ours)], [crc(theirs)]], noun="workers"))
+    assert str(refused.value) == (f"the workers loaded different --init-from weights (here: {ours}): every one must "
+                                  "load the same file (its own --init-from may name it at another path)")
+    assert not refused.value.quiet
 
 
 def test_replicas_resuming_from_different_checkpoints_are_one_line():
@@ -269,10 +302,12 @@ def two_replicas(tmp_path, *flags: str, own_flags: dict) -> list[tuple[int, str,
 
 
 def assert_one_line_from_rank_0(results, code: int, line: str):
-    (code0, _, err0), (code1, out1, err1) = results
+    (code0, _, err0), (code1, _, err1) = results
     assert (code0, code1) == (code, code), (err0[-2000:], err1[-2000:])
-    assert [text for text in err0.splitlines() if text.strip()] == [f"error: {line}"], err0[-2000:]
-    assert (out1 + err1).strip() == "", err1[-2000:]  # no traceback, no abort
+    assert [text for text in err0.splitlines() if text.startswith("error:")] == [f"error: {line}"], err0[-2000:]
+    for text in (err0, err1):  # no traceback, no abort ("terminate called ..."), rank 1 quiet
+        assert "Traceback" not in text and "terminate" not in text, text[-2000:]
+    assert not any(text.startswith("error:") for text in err1.splitlines()), err1[-2000:]
 
 
 def test_replicas_started_with_different_flags_end_before_training_with_one_line(tmp_path):
@@ -281,7 +316,8 @@ def test_replicas_started_with_different_flags_end_before_training_with_one_line
     results = two_replicas(tmp_path, *FAST, own_flags={rank: ["--out", str(tmp_path / f"run{rank}"), "--iters",
                                                               str(2 + rank)] for rank in (0, 1)})
     assert_one_line_from_rank_0(results, 2, "the replicas were started with different --iters (here: --iters 2): "
-                                "start every one with the same flags (only --data-dir, --out, --workers may differ)")
+                                "start every one with the same flags (only --data-dir, --out, --init-from, "
+                                "--workers may differ)")
     assert not (tmp_path / "run0").exists() and not (tmp_path / "run1").exists()
 
 
@@ -302,22 +338,39 @@ def test_replicas_resuming_from_folders_that_hold_different_checkpoints_end_with
         "step_000002.pt", "step_000004.pt"]
 
 
+def test_replicas_starting_from_other_init_from_weights_end_with_one_line(tmp_path):
+    """--init-from may name its file at another path on each machine; another file trained the
+    replicas apart in silence (loaded after DDP's broadcast of the initial weights)."""
+    for seed in (0, 1):
+        made = run_script(SCRIPTS["vanilla_gan"], "--out", str(tmp_path / f"seed{seed}"), *FAST, "--iters", "1",
+                          "--seed", str(seed))
+        assert made.returncode == 0, made.stderr[-2000:]
+    results = two_replicas(tmp_path, *FAST, "--iters", "2", "--out", str(tmp_path / "run"),
+                           own_flags={rank: ["--init-from", str(tmp_path / f"seed{rank}")] for rank in (0, 1)})
+    assert_one_line_from_rank_0(results, 1, "the replicas loaded different --init-from weights (here: "
+                                f"{tmp_path / 'seed0' / 'initial_weights.npz'}): every one must load the same file "
+                                "(its own --init-from may name it at another path)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_replicas_reading_other_files_end_before_training_with_one_line(tmp_path):
     """--data-dir may differ (a shared folder mounted elsewhere), the files it names may not:
-    other images trained in silence, each replica on its own data."""
+    other images trained in silence, each replica on its own data, and images of another size
+    (here) ended in DDP's traceback, as the networks were built from them."""
     from PIL import Image
 
     for rank in (0, 1):
         for index in range(32):
-            pixels = np.random.default_rng([rank, index]).integers(0, 256, (8, 8), dtype=np.uint8)
+            side = 8 + 4 * rank
+            pixels = np.random.default_rng([rank, index]).integers(0, 256, (side, side), dtype=np.uint8)
             (tmp_path / f"data{rank}" / "digits").mkdir(parents=True, exist_ok=True)
             Image.fromarray(pixels).save(tmp_path / f"data{rank}" / "digits" / f"{index}.png")
     flags = ["--dataset", "folder", "--iters", "2", "--out", str(tmp_path / "run"), *FAST[2:-2], "--batch-size", "32"]
     results = two_replicas(tmp_path, *flags, own_flags={rank: ["--data-dir", str(tmp_path / f"data{rank}")]
                                                         for rank in (0, 1)})
     assert_one_line_from_rank_0(results, 1, "the replicas hold different training data (here: 32 examples of "
-                                "(8, 8, 1), uint8): every replica must read the same files (its own --data-dir may "
-                                "name them at another path)")
+                                "(8, 8, 1), uint8): every one must read the same files (its own --data-dir may name "
+                                "them at another path)")
     assert not (tmp_path / "run").exists()
 
 
@@ -380,9 +433,8 @@ def test_a_script_under_torchrun_on_a_cpu_refuses_sync_bn_only_for_a_model_with_
     ({"WORLD_SIZE": "2", "RANK": "5", "LOCAL_RANK": "0"},
      "RANK 5 and LOCAL_RANK 0 must be from 0 to WORLD_SIZE - 1 (1)"),  # it waited
     # a WORLD_SIZE left in a shell: the join said "environment variable RANK expected, but not set"
-    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is 2, but RANK and LOCAL_RANK are not set: launch with torchrun, which sets "
-                          "them all (a WORLD_SIZE left in this shell: unset it)"),
-    ({"WORLD_SIZE": "3", "RANK": "0"}, "WORLD_SIZE is 3, but LOCAL_RANK is not set"),
+    ({"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "WORLD_SIZE is 2, but RANK is not set: launch with torchrun, which "
+                                             "sets both (a WORLD_SIZE left in this shell: unset it)"),
     ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1"}, "must be from 0 to WORLD_SIZE - 1"),
 ])
 def test_a_hand_set_torchrun_environment_is_checked(monkeypatch, environment, words):
@@ -407,6 +459,8 @@ def test_torchrun_is_recognised_by_its_world_size(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
+    assert runtime.launched_by_torchrun()
+    monkeypatch.delenv("LOCAL_RANK")  # one process per machine, joined by hand or an srun wrapper
     assert runtime.launched_by_torchrun()
 
 

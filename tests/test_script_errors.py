@@ -5,6 +5,7 @@ import importlib
 import json
 import os
 import re
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -176,16 +177,23 @@ def test_file_system_errors_become_one_line_naming_the_path(error, expected, cap
     assert one_line_exit(capsys, main, code=1) == f"error: {expected}"
 
 
+def test_what_a_first_line_announces_is_quoted_with_it_when_asked():
+    """TensorFlow's lost worker is named on the line after "... (stopped sending heartbeats):";
+    its "Graph execution error:" announces only more detail, so this is asked for, not done."""
+    lost = RuntimeError("The following tasks are unhealthy (stopped sending heartbeats):\n"
+                        "/job:worker/replica:0/task:1\nThe tasks have crashed.")
+    assert first_line(lost, announced=True) == ("The following tasks are unhealthy (stopped sending heartbeats): "
+                                                 "/job:worker/replica:0/task:1")
+    assert first_line(lost) == "The following tasks are unhealthy (stopped sending heartbeats):"
+    assert first_line(RuntimeError("Failed:"), announced=True) == "Failed:"  # nothing follows
+
+
 @pytest.mark.parametrize("error, expected", [
     (RuntimeError("connection reset\n  at gloo/transport.cc:154"), "connection reset"),
     (ValueError("  \n"), "ValueError"),  # no message: the type (str.splitlines()[0] raised IndexError)
     (RuntimeError("{{function_node __wrapped__FlushSummaryWriter_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
                   "events.out; No space left on device\n\tFailed to flush 7 events"),
      "events.out; No space left on device"),
-    # what a colon announces is on the next line: the worker TensorFlow lost, here
-    (RuntimeError("The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n"
-                  "The tasks have crashed."),
-     "The following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1"),
 ])
 def test_an_error_quoted_in_ours_is_its_first_line(error, expected):
     assert first_line(error) == expected
@@ -804,8 +812,8 @@ exit_on_user_error(lambda: run_child([sys.executable, "-c", {child!r}, {marker!r
 
 def signal_a_parent(tmp_path, child: str, send) -> tuple[int, str]:
     """Run PARENT over `child` (which writes <marker>.started, then <marker>), call `send(pid)`
-    once the child has started, and return the parent's exit status and stderr; whatever is
-    left of the pair, which share a process group, is killed."""
+    once the child has started (then write <marker>.sent), and return the parent's exit status
+    and stderr; whatever is left of the pair, which share a process group, is killed."""
     import signal
     import subprocess
     import sys
@@ -819,6 +827,7 @@ def signal_a_parent(tmp_path, child: str, send) -> tuple[int, str]:
         while not os.path.exists(marker + ".started") and time.monotonic() < deadline:
             time.sleep(0.05)
         send(parent.pid)
+        Path(marker + ".sent").write_text("")
         _, err = parent.communicate(timeout=30)
     finally:
         if parent.poll() is None:
@@ -873,7 +882,10 @@ from pathlib import Path
 received = []
 signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
 Path(sys.argv[1] + ".started").write_text("")
-time.sleep(1.5)
+deadline = time.monotonic() + 30
+while not Path(sys.argv[1] + ".sent").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)  # a copy passed on by the parent arrives within this
 Path(sys.argv[1]).write_text(str(len(received)))
 """
 
@@ -910,19 +922,23 @@ def test_a_child_runs_alone_whatever_replica_variables_a_shell_left(monkeypatch,
     assert set(REPLICA_VARIABLES) == set(left) - {"AMPGEN_KEPT"}
     assert seen == {**{name: None for name in REPLICA_VARIABLES}, "AMPGEN_KEPT": "yes"}
     assert os.environ["WORLD_SIZE"] == "2"  # this process's own environment is left as it was
+    emptied = run_child([sys.executable, "-c", show], "unused", capture_output=True, text=True, env={})
+    assert json.loads(emptied.stdout)["AMPGEN_KEPT"] is None  # an empty environment given is kept empty
 
 
 def test_a_child_that_stopped_on_its_own_ctrl_c_stops_the_parent_too():
-    """A child that exits 130 was interrupted (its checkpoint saved): the script that ran it
-    stops as well, with its one line and 130, and does not go on to the next run as if the
-    child had failed, or read the results it never wrote. Other statuses are the caller's."""
+    """A child that exits 130 (143: a SIGTERM of its own) was interrupted, its checkpoint
+    saved: the script that ran it stops as well, with its one line and that status, and does
+    not go on to the next run as if the child had failed, or read the results it never wrote.
+    Other statuses are the caller's."""
     import sys
 
     from common.errors import Interrupted, run_child
 
-    with pytest.raises(Interrupted, match="^interrupted: the run saved a checkpoint$") as stopped:
-        run_child([sys.executable, "-c", "import sys; sys.exit(130)"], "the run saved a checkpoint")
-    assert stopped.value.exit_code == 130
+    for status in (130, 143):  # a Ctrl-C, or a SIGTERM sent to the child alone
+        with pytest.raises(Interrupted, match="^interrupted: the run saved a checkpoint$") as stopped:
+            run_child([sys.executable, "-c", f"import sys; sys.exit({status})"], "the run saved a checkpoint")
+        assert stopped.value.exit_code == status
     assert run_child([sys.executable, "-c", "import sys; sys.exit(1)"], "unused").returncode == 1
 
 

@@ -245,11 +245,15 @@ def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_a
     (["--distribute", "multi-worker"], "{not json", "TF_CONFIG is not JSON (Expecting property name enclosed in "
                                                     "double quotes: line 1 column 2 (char 1))"),
     (["--distribute", "multi-worker"], "{'cluster': {}}", "TF_CONFIG is not JSON"),  # Python's quotes
-    (["--distribute", "multi-worker"], '["a:1"]', 'TF_CONFIG names no "cluster": expected'),
-    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}}', 'TF_CONFIG names no "task", this '
+    (["--distribute", "multi-worker"], '["a:1"]', 'TF_CONFIG has no "cluster" object: expected'),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}}', 'TF_CONFIG has no "task" object, this '
                                                                           "process's type and index"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}',
+     "TF_CONFIG names no task index for this process"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}',
+     "TF_CONFIG names this process's task index true, not an integer"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}',
-     "TF_CONFIG names this process's task type 'chief', not \"worker\""),
+     "TF_CONFIG names this process's task type \"chief\", not \"worker\""),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0.0}}',
      "TF_CONFIG names this process's task index 0.0, not an integer"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}',
@@ -257,18 +261,18 @@ def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_a
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", '
                                        '"index": -1}}', "task index -1 names no worker"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}',
-     'TF_CONFIG lists no workers, as "host:port" strings, in cluster.worker'),
+     'TF_CONFIG lists no workers in cluster.worker (a list of "host:port" strings)'),
     # two workers cannot listen on one port: each waited out the join's timeout
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1", "b:2", "a:1"]}, "task": {"type": "worker", '
                                        '"index": 0}}', "TF_CONFIG lists a:1 more than once: each worker needs its own"),
     # a string index trained without ever writing (worker "0" is not worker 0), a string or
     # numbers for the workers ended in TensorFlow's traceback, and a parameter server hung
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "0"}}',
-     "TF_CONFIG names this process's task index '0', not an integer"),
+     "TF_CONFIG names this process's task index \"0\", not an integer"),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}',
      "TF_CONFIG lists no workers"),
-    (["--distribute", "multi-worker"], '{"cluster": {"worker": [12]}, "task": {"type": "worker", "index": 0}}',
-     "TF_CONFIG lists no workers"),
+    (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1", 12]}, "task": {"type": "worker", "index": 0}}',
+     'TF_CONFIG lists worker 12, not a "host:port" string'),
     (["--distribute", "multi-worker"], '{"cluster": {"worker": ["a:1"], "ps": ["a:2"]}, '
                                        '"task": {"type": "worker", "index": 0}}', "names ps besides the workers"),
     (["--distribute", "multi-worker"], "[" * 100000, "TF_CONFIG is not JSON (nested too deeply)"),
@@ -346,10 +350,10 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def start_workers(script: str, *flags: str, indices=(0, 1), env=None, own_flags=None,
-                  ports=None) -> list[subprocess.Popen]:
+def start_workers(script: str, *flags: str, indices=(0, 1), env=None, own_flags=None, ports=None,
+                  stderr=subprocess.PIPE) -> list[subprocess.Popen]:
     """A two-worker cluster on 127.0.0.1 (on `ports`, if given); `indices`: the workers of it
-    started; `own_flags`: more flags for some of them, by index."""
+    started; `own_flags`: more flags for some of them, by index; `stderr`: where theirs goes."""
     workers = [f"127.0.0.1:{port}" for port in ports or free_ports(2)]
     processes = []
     for index in indices:
@@ -358,7 +362,7 @@ def start_workers(script: str, *flags: str, indices=(0, 1), env=None, own_flags=
             [sys.executable, str(REPO / script), "--distribute", "multi-worker", *flags,
              *(own_flags or {}).get(index, [])], cwd=REPO,
             env={**os.environ, "TF_CONFIG": json.dumps(config), "PYTHONUNBUFFERED": "1", **(env or {})},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+            stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True))
     return processes
 
 
@@ -381,19 +385,25 @@ def test_a_worker_whose_peers_never_join_gives_up_in_one_line(tmp_path):
 def test_a_worker_that_joins_after_saying_what_it_waits_for_says_so(tmp_path):
     """A worker alone printed nothing, not even its banner, until its join timed out (10
     minutes); PyTorch's replicas said what they waited for after 20 s."""
-    ports = free_ports(2)
+    ports, said_path = free_ports(2), tmp_path / "worker0.err"
     flags = ["--out", str(tmp_path / "run"), "--iters", "2", *FAST]
-    processes = start_workers(SCRIPTS["vanilla_gan"], *flags, indices=(0,), ports=ports,
-                              env={"AMPGEN_JOIN_TIMEOUT_S": "40"})  # says so after 10 s
+    with open(said_path, "w") as said_file:
+        processes = start_workers(SCRIPTS["vanilla_gan"], *flags, indices=(0,), ports=ports, stderr=said_file,
+                                  env={"AMPGEN_JOIN_TIMEOUT_S": "40"})  # says so after 10 s
     try:
-        time.sleep(12)
+        deadline = time.monotonic() + 90
+        while "waiting for" not in said_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
         processes += start_workers(SCRIPTS["vanilla_gan"], *flags, indices=(1,), ports=ports)
     finally:
-        (code0, _, err0, _), (code1, _, err1, _) = finish(processes)
+        (code0, *_), (code1, _, err1, _) = finish(processes)
+    err0 = said_path.read_text()
     assert (code0, code1) == (0, 0), (err0[-2000:], err1[-2000:])
     said = [line for line in err0.splitlines() if line.startswith(("waiting for", "joined"))]
-    assert len(said) == 2 and said[0].startswith("waiting for the other 1 worker(s) of TF_CONFIG"), err0[-2000:]
-    assert re.fullmatch(r"joined the other workers after \d+ s", said[1]), said
+    assert len(said) == 2 and said[0] == ("waiting for the other 1 worker(s) of TF_CONFIG (each started with "
+                                          "--distribute multi-worker and its own index?); up to 40 s "
+                                          "(AMPGEN_JOIN_TIMEOUT_S), Ctrl-C stops it"), err0[-2000:]
+    assert re.fullmatch(r"joined the other workers after \d+ s", said[1]) and int(said[1].split()[-2]) >= 10, said
 
 
 def join_watchdog(pid: int) -> int | None:
@@ -506,7 +516,7 @@ def test_workers_started_with_different_flags_end_before_training_with_one_line(
     assert (code0, code1) == (2, 2), (err0[-2000:], err1[-2000:])
     ours = [line for line in err0.splitlines() if line.startswith("error:")]
     assert ours == ["error: the workers were started with different --iters (here: --iters 2): start every one "
-                    "with the same flags (only --data-dir, --out, --workers may differ)"], err0[-2000:]
+                    "with the same flags (only --data-dir, --out, --init-from, --workers may differ)"], err0[-2000:]
     assert "Traceback" not in err0 + err1 and out0 + out1 == "" and not any(
         line.startswith("error:") for line in err1.splitlines())
     assert not run.exists()
@@ -530,44 +540,54 @@ def test_workers_resuming_from_folders_that_hold_different_checkpoints_end_with_
     results = finish(start_workers(SCRIPTS["vanilla_gan"], *flags, "--resume", "--iters", "6",
                                    own_flags={0: ["--out", str(tmp_path / "run")],
                                               1: ["--out", str(tmp_path / "older")]}))
-    assert_one_line_from_worker_0(results, 1, "--resume: the replicas' run folders hold different latest "
-                                  "checkpoints (replica 0: step 4, 1: step 2): each reads its own --out, which "
-                                  "must hold the one run (a file system the machines share)")
+    assert_one_line_from_worker_0(results, 1, "--resume: the workers' run folders hold different latest "
+                                  "checkpoints (worker 0: step 4, 1: step 2): each reads its own --out, which must "
+                                  "hold the one run (a file system the machines share)")
     assert sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir()) == [
         "step_000002.npz", "step_000004.npz"]
 
 
 def test_workers_reading_other_files_end_before_training_with_one_line(tmp_path):
     """--data-dir may differ (a shared folder mounted elsewhere), the files it names may not:
-    other images trained in silence, each worker on its own data (of another size, both
-    ended in a traceback)."""
+    other images trained in silence, each worker on its own data, and images of another size
+    (here) ended both in a traceback, as the networks were built from them."""
     from PIL import Image
 
     for index in range(32):
         for worker in (0, 1):
-            pixels = np.random.default_rng([worker, index]).integers(0, 256, (8, 8), dtype=np.uint8)
+            side = 8 + 4 * worker
+            pixels = np.random.default_rng([worker, index]).integers(0, 256, (side, side), dtype=np.uint8)
             (tmp_path / f"data{worker}" / "digits").mkdir(parents=True, exist_ok=True)
             Image.fromarray(pixels).save(tmp_path / f"data{worker}" / "digits" / f"{index}.png")
     flags = ["--dataset", "folder", "--iters", "2", "--out", str(tmp_path / "run"), *FAST[2:-2], "--batch-size", "32"]
     results = finish(start_workers(SCRIPTS["vanilla_gan"], *flags,
                                    own_flags={worker: ["--data-dir", str(tmp_path / f"data{worker}")]
                                               for worker in (0, 1)}))
-    assert_one_line_from_worker_0(results, 1, "the replicas hold different training data (here: 32 examples of "
-                                  "(8, 8, 1), uint8): every replica must read the same files (its own --data-dir "
-                                  "may name them at another path)")
+    assert_one_line_from_worker_0(results, 1, "the workers hold different training data (here: 32 examples of "
+                                  "(8, 8, 1), uint8): every one must read the same files (its own --data-dir may "
+                                  "name them at another path)")
     assert not (tmp_path / "run").exists()
 
 
 def test_a_second_worker_given_the_same_index_names_the_address_in_use(tmp_path):
     """It said only "Could not start gRPC server", after TensorFlow's C++ lines."""
-    results = finish(start_workers(SCRIPTS["vanilla_gan"], "--out", str(tmp_path / "run"), "--iters", "2", *FAST,
-                                   indices=(0, 0), env={"AMPGEN_JOIN_TIMEOUT_S": "5"}), timeout=120)
-    # whichever binds the port second; the other waits out its join
-    (code, _, err, _), = [result for result in results if result[0] == 1] or [results[0]]
+    ports, flags = free_ports(2), ["--out", str(tmp_path / "run"), "--iters", "2", *FAST]
+    (first,) = start_workers(SCRIPTS["vanilla_gan"], *flags, indices=(0,), ports=ports,
+                             env={"AMPGEN_JOIN_TIMEOUT_S": "120"})
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # its server listens before it waits for the other worker
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", ports[0])) == 0:
+                    break
+            time.sleep(0.2)
+        ((code, _, err, _),) = finish(start_workers(SCRIPTS["vanilla_gan"], *flags, indices=(0,), ports=ports))
+    finally:
+        finish([first], timeout=1)  # killed: it would wait out its join
     ours = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code == 1 and len(ours) == 1, [result[2][-2000:] for result in results]
-    assert re.fullmatch(r"error: could not join the other workers \(.*gRPC server.*\); is 127\.0\.0\.1:\d+ in use, "
-                        r"by another worker given this task index, or another program\?", ours[0]), ours
+    assert code == 1 and len(ours) == 1, err[-2000:]
+    assert re.fullmatch(rf"error: could not join the other workers \(.*gRPC server.*\); is 127\.0\.0\.1:{ports[0]} in "
+                        r"use, by another worker given this task index, or another program\?", ours[0]), ours
 
 
 def test_a_sigterm_to_one_worker_stops_both_with_one_checkpoint(tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from common import data as datasets
+from common import distributed
 from common.config import RunConfig
 
 
@@ -131,7 +132,11 @@ class HostLoader(DeviceData):
 
 
 def load_data(cfg: RunConfig, runtime, value_range: tuple[float, float]) -> DeviceData:
+    """The training set, resident on the device (or a host loader under --workers); under
+    torchrun the replicas first check they all hold the same one, before networks are built
+    from its shape."""
     dataset = datasets.load_training_set(cfg)
+    distributed.check_same_data(dataset.x, runtime.replicas)
     if cfg.workers:
         return HostLoader(dataset, runtime.device, value_range, cfg.workers)
     return DeviceData(dataset, runtime.device, value_range)

@@ -48,17 +48,15 @@ JOIN_NOTICE_S = 20  # a join slower than this says what it waits for
 
 
 def launched_by_torchrun() -> bool:
-    """WORLD_SIZE > 1, with RANK and LOCAL_RANK set and in range: torchrun sets all three. Set by
-    hand, a rank past the world would wait for replicas that never come, and a word raise deep
-    inside."""
+    """WORLD_SIZE > 1, with RANK set, and RANK and LOCAL_RANK (0 if unset, as one process per
+    machine may leave it) in range: torchrun sets all three. Set by hand, a rank past the world
+    would wait for replicas that never come, and a word raise deep inside."""
     world_size = _environment_int("WORLD_SIZE", 1)
     if world_size <= 1:
         return False
-    unset = [name for name in ("RANK", "LOCAL_RANK") if name not in os.environ]
-    if unset:  # joining said only "environment variable RANK expected, but not set"
-        raise UsageError(f"WORLD_SIZE is {world_size}, but {' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} "
-                         "not set: launch with torchrun, which sets them all (a WORLD_SIZE left in this shell: "
-                         "unset it)")
+    if "RANK" not in os.environ:  # joining said only "environment variable RANK expected, but not set"
+        raise UsageError(f"WORLD_SIZE is {world_size}, but RANK is not set: launch with torchrun, which sets both "
+                         "(a WORLD_SIZE left in this shell: unset it)")
     rank, local_rank = _environment_int("RANK", 0), _environment_int("LOCAL_RANK", 0)
     if not (0 <= rank < world_size and 0 <= local_rank < world_size):
         raise UsageError(f"RANK {rank} and LOCAL_RANK {local_rank} must be from 0 to WORLD_SIZE - 1 "
@@ -84,6 +82,8 @@ class Replicas:
     local_rank: int = 0
     control_group: Any = None  # gloo, on the CPU: for the stop flags, which must not sync a GPU
     _pending_stop: tuple | None = field(default=None, repr=False)
+
+    noun = "replicas"
 
     @property
     def writer(self) -> bool:

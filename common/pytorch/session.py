@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common import distributed, evaluation, loop
+from common import evaluation, loop
 from common.config import RunConfig, batch_division, check_batch_among_replicas
 from common.errors import UserError, described, file_system_problem, out_of_memory_problem
 from common.pytorch import amp
@@ -149,7 +149,6 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
     shape = data.dataset.sample_shape
     replicas = runtime.replicas
     check_batch_among_replicas(cfg, replicas.count, quiet=not replicas.writer)
-    distributed.check_same_data(data.dataset.x, replicas)
     run = loop.open_run(
         cfg, runtime.precision, {"device": str(runtime.device), "replicas": replicas.count,
                                  "versions": {"torch": torch.__version__, "numpy": np.__version__}},

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import data as datasets
+from common import distributed
 from common.config import RunConfig
 
 
@@ -70,9 +71,12 @@ class HostLoader(DeviceData):
 
 
 def load_data(cfg: RunConfig, runtime, value_range: tuple[float, float]) -> DeviceData:
-    """The PyTorch twin's signature; `runtime` is unused here: tf.constant puts the data on
-    TensorFlow's default device (its first GPU, if any), where the compiled step reads it."""
+    """The training set, resident on TensorFlow's default device (its first GPU, if any: where
+    tf.constant puts it and the compiled step reads it), or a host loader under --workers;
+    across workers they first check they all hold the same one, before networks are built
+    from its shape."""
     dataset = datasets.load_training_set(cfg)
+    distributed.check_same_data(dataset.x, runtime.replicas)
     if cfg.workers:
         return HostLoader(dataset, value_range, cfg.workers)
     return DeviceData(dataset, value_range)

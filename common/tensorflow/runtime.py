@@ -55,7 +55,7 @@ _GPUS = tf.config.list_physical_devices("GPU")
 # heartbeats: either way the collectives fail and the others end with one line (10 s after a
 # SIGSTOP on the 2-core CPU).
 JOIN_TIMEOUT_S = 600
-JOIN_NOTICE_S = 20  # a join slower than this (or a quarter of the timeout) says what it waits for, as PyTorch's
+JOIN_NOTICE_S = 20  # a join slower than this, or a quarter of the wait if sooner, says what it waits for
 
 # A process beside the joining worker: unless the worker closes the pipe (joined, or gone) in
 # time, it says so in one line and kills the worker. It takes Ctrl-C and SIGTERM for the worker
@@ -66,9 +66,8 @@ JOIN_NOTICE_S = 20  # a join slower than this (or a quarter of the timeout) says
 # worker alone does not: the join installs TensorFlow's pre-emption handler in Python's place.
 _JOIN_WATCHDOG = """
 import os, select, signal, sys, time
-NOTICE_S = %d
 pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-signals, notice = int(sys.argv[4]), sys.argv[5]
+signals, notice, notice_s = int(sys.argv[4]), sys.argv[5], float(sys.argv[6])
 def say(line):  # after the kill: a reader gone from stderr (`| tee`, ended by the same Ctrl-C) must not stop it
     try:
         print(line, file=sys.stderr, flush=True)
@@ -82,7 +81,7 @@ signal.signal(signal.SIGINT, interrupted)
 signal.signal(signal.SIGTERM, interrupted)
 started = time.monotonic()
 deadline, watched = started + seconds, [sys.stdin, signals]
-notice_at = started + min(NOTICE_S, seconds / 4)  # a join that takes longer says what it waits for
+notice_at = started + min(notice_s, seconds / 4)  # a join that takes longer says what it waits for
 while True:
     wake = deadline if notice_at is None else notice_at
     ready = select.select(watched, [], [], max(0.0, wake - time.monotonic()))[0]
@@ -104,7 +103,7 @@ while True:
     for signum in received:
         if signum in (signal.SIGINT, signal.SIGTERM):
             interrupted(signum)
-""" % JOIN_NOTICE_S
+"""
 
 
 def describe_tensorflow() -> str:
@@ -178,6 +177,10 @@ class Replicas:
     @property
     def writer(self) -> bool:
         return self.rank == 0
+
+    @property
+    def noun(self) -> str:
+        return "workers" if self.workers > 1 else "replicas"
 
     def synchronize(self):
         """Wait for the kernels queued on this process's devices (a GPU runs them asynchronously),
@@ -279,7 +282,8 @@ class Replicas:
         if self.workers == 1:
             return [list(values)]
         with translate_failures():
-            return _gather(self.strategy, tf.constant(values, tf.int32)).numpy().tolist()
+            rows = _gather(self.strategy, tf.constant(values, tf.int32)).numpy().tolist()
+        return rows[::self.count // self.workers]  # a row per replica, worker by worker: the first of each
 
     def _all_max(self, value: int) -> int:
         """The largest of the workers' `value`s (a signal number, or 0/1)."""
@@ -327,7 +331,8 @@ class translate_failures:
     def __exit__(self, kind, error, traceback):
         if kind is not None and issubclass(kind, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                                                   tf.errors.CancelledError, tf.errors.AbortedError)):
-            raise distributed.ReplicaFailed(f"lost contact with another worker ({clipped(first_line(error), 200)})") \
+            raise distributed.ReplicaFailed(f"lost contact with another worker "
+                                            f"({clipped(first_line(error, announced=True), 200)})") \
                 from None
         return False
 
@@ -379,7 +384,8 @@ def _given_up_after(seconds: float, workers: int):
     signals_read, signals_written = os.pipe()
     os.set_blocking(signals_written, False)  # as set_wakeup_fd requires
     watchdog = subprocess.Popen([sys.executable, "-c", _JOIN_WATCHDOG, str(os.getpid()), str(seconds), message,
-                                 str(signals_read), notice], stdin=subprocess.PIPE, pass_fds=(signals_read,))
+                                 str(signals_read), notice, str(JOIN_NOTICE_S)], stdin=subprocess.PIPE,
+                                pass_fds=(signals_read,))
     os.close(signals_read)
     try:
         previous = signal.set_wakeup_fd(signals_written, warn_on_full_buffer=False)
@@ -438,19 +444,27 @@ def _read_tf_config() -> dict:
 
 def _cluster_problem(cluster) -> str | None:
     """What keeps a parsed TF_CONFIG from being a cluster of workers and this process's task
-    in it, as words after "TF_CONFIG"; None: nothing."""
+    in it, as words after "TF_CONFIG" (values shown as JSON, as the user wrote them); None:
+    nothing."""
+    shown = lambda value: clipped(json.dumps(value), 40)  # noqa: E731
     if not isinstance(cluster, dict) or not isinstance(cluster.get("cluster"), dict):
-        return 'names no "cluster"'
+        return 'has no "cluster" object'
     workers = cluster["cluster"].get("worker")
-    if not isinstance(workers, list) or not workers or not all(isinstance(address, str) for address in workers):
-        return 'lists no workers, as "host:port" strings, in cluster.worker'
+    if not isinstance(workers, list) or not workers:
+        return 'lists no workers in cluster.worker (a list of "host:port" strings)'
+    odd = next((address for address in workers if not isinstance(address, str)), None)
+    if odd is not None:
+        return f'lists worker {shown(odd)}, not a "host:port" string'
     task = cluster.get("task")
     if not isinstance(task, dict):
-        return 'names no "task", this process\'s type and index'
-    if task.get("type") != "worker":
-        return f"names this process's task type {clipped(repr(task.get('type')), 40)}, not \"worker\""
-    if type(task.get("index")) is not int:  # a string "0" trained without ever writing: no worker was worker 0
-        return f"names this process's task index {clipped(repr(task.get('index')), 40)}, not an integer"
+        return 'has no "task" object, this process\'s type and index'
+    for key in ("type", "index"):
+        if key not in task:
+            return f"names no task {key} for this process"
+    if task["type"] != "worker":
+        return f"names this process's task type {shown(task['type'])}, not \"worker\""
+    if type(task["index"]) is not int:  # a string "0" trained without ever writing: no worker was worker 0
+        return f"names this process's task index {shown(task['index'])}, not an integer"
     return None
 
 
@@ -502,7 +516,7 @@ def setup(cfg: RunConfig, log=print) -> Runtime:
         tf.config.set_visible_devices([], "GPU")
     device_type = "cuda" if _GPUS and cfg.device != "cpu" else "cpu"
     replicas = start_replicas(cfg, device_type)
-    distributed.check_same_flags(cfg, replicas, "workers")
+    distributed.check_same_flags(cfg, replicas)
     if not replicas.writer:
         log = _silent
     bf16_supported = True

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from common import distributed, evaluation, loop
+from common import evaluation, loop
 from common.config import RunConfig, batch_division, check_batch_among_replicas
 from common.runs import BatchOrder, RunFolder
 from common.tensorflow import amp
@@ -152,7 +152,6 @@ def fit(cfg: RunConfig, runtime: Runtime, trainer: Trainer, data: DeviceData) ->
     --distribute multi-worker only worker 0 writes and prints."""
     replicas = runtime.replicas
     check_batch_among_replicas(cfg, replicas.count, quiet=not replicas.writer)
-    distributed.check_same_data(data.dataset.x, replicas)
     run = loop.open_run(
         cfg, runtime.precision, {"device": runtime.device_type, "replicas": replicas.count,
                                  "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
