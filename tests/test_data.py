@@ -745,10 +745,10 @@ def test_a_16_bit_grayscale_folder_is_scaled_to_8_bits(tmp_path):
 def test_a_32_bit_image_is_refused_by_name_not_clipped(tmp_path, pixels, mode):
     """A 32-bit TIFF named .png (Pillow opens it by its content) trained clipped at 255, and made
     the folder colour; its mode does not say its range, so there is no right scale to 8 bits."""
-    save_image(tmp_path / "a.png", random_pixels((2, 2), 0))
-    Image.fromarray(pixels).save(tmp_path / "b.png", format="TIFF")
-    assert Image.open(tmp_path / "b.png").mode == mode
-    with data_error(f"{tmp_path / 'b.png'} has 32-bit", f"(Pillow mode {mode})", "save it as an 8- or 16-bit PNG"):
+    Image.fromarray(pixels).save(tmp_path / "a.png", format="TIFF")  # first, not last: every header is checked
+    save_image(tmp_path / "b.png", random_pixels((2, 2), 0))
+    assert Image.open(tmp_path / "a.png").mode == mode
+    with data_error(f"{tmp_path / 'a.png'} has 32-bit", f"(Pillow mode {mode})", "save it as an 8- or 16-bit PNG"):
         load_dataset("folder", tmp_path, limit=1)  # refused from its header, decoded or not
 
 

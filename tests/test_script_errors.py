@@ -926,6 +926,37 @@ def test_a_child_runs_alone_whatever_replica_variables_a_shell_left(monkeypatch,
     assert json.loads(emptied.stdout)["AMPGEN_KEPT"] is None  # an empty environment given is kept empty
 
 
+def test_run_child_gives_back_the_signal_handlers_it_found():
+    """Left in place, its SIGTERM handler would only note a later SIGTERM to compare.py or the
+    benchmark (between two children), which would then never stop. (Mutation round 13.)"""
+    import signal
+    import sys
+
+    from common.errors import run_child
+
+    found = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    run_child([sys.executable, "-c", "pass"], "unused")
+    assert {signum: signal.getsignal(signum) for signum in found} == found
+
+
+def test_a_child_run_from_another_thread_runs_alone_too(monkeypatch):
+    """Off the main thread run_child sets no handlers, but still leaves out the replica
+    variables. (Mutation round 13.)"""
+    import sys
+    import threading
+
+    from common.errors import run_child
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen = []
+    command = [sys.executable, "-c", "import os; print(os.environ.get('WORLD_SIZE'))"]
+    thread = threading.Thread(target=lambda: seen.append(run_child(command, "unused", capture_output=True,
+                                                                   text=True).stdout.strip()))
+    thread.start()
+    thread.join(timeout=60)
+    assert seen == ["None"]
+
+
 def test_a_child_that_stopped_on_its_own_ctrl_c_stops_the_parent_too():
     """A child that exits 130 (143: a SIGTERM of its own) was interrupted, its checkpoint
     saved: the script that ran it stops as well, with its one line and that status, and does

@@ -242,6 +242,9 @@ def test_a_batch_that_does_not_divide_into_replicas_parts_and_packs_is_refused_a
 @pytest.mark.parametrize("flags,tf_config,words", [
     (["--distribute", "mirrored"], None, "needs --replicas N"),
     (["--distribute", "multi-worker"], "", "TF_CONFIG, which is empty"),
+    (["--distribute", "multi-worker"], "  \n", "TF_CONFIG, which is empty"),
+    (["--distribute", "multi-worker"], '{"cluster": ["a:1"], "task": {"type": "worker", "index": 0}}',
+     'TF_CONFIG has no "cluster" object'),  # a list where the object goes: an AttributeError
     (["--distribute", "multi-worker"], "{not json", "TF_CONFIG is not JSON (Expecting property name enclosed in "
                                                     "double quotes: line 1 column 2 (char 1))"),
     (["--distribute", "multi-worker"], "{'cluster': {}}", "TF_CONFIG is not JSON"),  # Python's quotes
@@ -496,6 +499,7 @@ def test_two_workers_train_as_one_process_and_write_one_run_folder(tmp_path):
     assert {"fid", "precision", "recall"} <= set(json.loads((run / "summary.json").read_text())["metrics"])
     assert "2 replicas (CollectiveAllReduceStrategy, 2 workers)" in out0
     assert out1.strip() == ""  # worker 1 trains silently; worker 0 writes and prints
+    assert "waiting for" not in err0 and "joined the other" not in err0  # joined within seconds: nothing said
     compared = ("module/", "average/")  # the average of G, moved once outside the workers, too
     alone = weights(tmp_path / "alone", 20, compared)
     assert any(key.startswith("average/") for key in alone)
@@ -567,6 +571,37 @@ def test_workers_reading_other_files_end_before_training_with_one_line(tmp_path)
                                   "(8, 8, 1), uint8): every one must read the same files (its own --data-dir may "
                                   "name them at another path)")
     assert not (tmp_path / "run").exists()
+
+
+def test_tf_config_unset_is_said_so(monkeypatch):
+    from common.config import parse_args
+    from common.errors import UsageError
+    from common.tensorflow import runtime
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(UsageError, match="reads the cluster from TF_CONFIG, which is not set"):
+        runtime.start_replicas(parse_args("vanilla_gan", "tensorflow", ["--distribute", "multi-worker"]), "cpu")
+
+
+@pytest.mark.parametrize("raised, hint", [("Could not start gRPC server", True), ("Socket closed", False)])
+def test_a_failed_join_names_this_workers_address_only_for_a_server_that_could_not_start(monkeypatch, raised, hint):
+    """Worker 1's own host:port, not worker 0's, and no guess about ports for another failure.
+    (Mutation round 13.)"""
+    from common.config import parse_args
+    from common.errors import UserError
+    from common.tensorflow import runtime
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1111", "127.0.0.1:2222"]},
+                                                "task": {"type": "worker", "index": 1}}))
+
+    def fails(*args, **kwargs):
+        raise RuntimeError(raised)
+
+    monkeypatch.setattr(runtime.tf.distribute, "MultiWorkerMirroredStrategy", fails)
+    with pytest.raises(UserError) as refused:
+        runtime.start_replicas(parse_args("vanilla_gan", "tensorflow", ["--distribute", "multi-worker"]), "cpu")
+    assert str(refused.value) == f"could not join the other workers ({raised})" + (
+        "; is 127.0.0.1:2222 in use, by another worker given this task index, or another program?" if hint else "")
 
 
 def test_a_second_worker_given_the_same_index_names_the_address_in_use(tmp_path):
