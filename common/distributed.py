@@ -1,5 +1,6 @@
 """Data-parallel training, the part both frameworks share: which rows of the global batch a
-replica trains on, the flags every replica must share, and what the loop asks of the
+replica trains on, what every replica must share (its flags, training data, --init-from
+weights and --resume checkpoint, compared as they start), and what the loop asks of the
 replicas (the Replicas of common/pytorch/runtime.py and common/tensorflow/runtime.py fulfil
 it). It imports no framework.
 
