@@ -168,7 +168,7 @@ class Replicas:
         gathered = [None] * self.count
         with translate_failures():
             dist.all_gather_object(gathered, list(values), group=self.control_group)
-            # ...and all of them through it before any leaves: a replica that ended on what it
+            # every replica through the gather before any leaves: one that ended on what it
             # gathered, its socket closed while another's receive was under way, aborted that
             # one (gloo: "terminate called without an active exception", 6 runs of 7 under
             # torchrun; none of 18 with the barrier)
