@@ -385,6 +385,32 @@ def test_a_worker_whose_peers_never_join_gives_up_in_one_line(tmp_path):
     assert seconds < 60 and not run.exists()
 
 
+def test_the_join_watchdog_says_joined_only_after_its_notice_and_only_for_a_join(monkeypatch, capfd):
+    """In this process, with the notice after 0.3 s: a join that ends sooner says nothing, one
+    that fails after the notice does not say it joined, one that succeeds says after how long.
+    (Mutation round 13; the watchdog kills this process only at its 60 s deadline.)"""
+    from common.tensorflow import runtime
+
+    def watchdog_lines():  # not TensorFlow's own start-up lines, if it is first imported here
+        return [line for line in capfd.readouterr().err.splitlines() if line.startswith(("waiting for", "joined"))]
+
+    monkeypatch.setattr(runtime, "JOIN_NOTICE_S", 0.3)
+    capfd.readouterr()
+    with runtime._given_up_after(60, 2):
+        pass
+    assert watchdog_lines() == []
+    with pytest.raises(RuntimeError), runtime._given_up_after(60, 2):
+        time.sleep(2.0)  # the watchdog's own start-up, on a loaded machine, comes before its 0.3 s
+        raise RuntimeError("Could not start gRPC server")
+    failed = watchdog_lines()
+    assert len(failed) == 1 and failed[0].startswith("waiting for the other 1 worker(s) of TF_CONFIG"), failed
+    with runtime._given_up_after(60, 2):
+        time.sleep(2.0)
+    said = watchdog_lines()
+    assert len(said) == 2 and said[0].startswith("waiting for"), said
+    assert re.fullmatch(r"joined the other workers after [12] s", said[1]), said
+
+
 def test_a_worker_that_joins_after_saying_what_it_waits_for_says_so(tmp_path):
     """A worker alone printed nothing, not even its banner, until its join timed out (10
     minutes); PyTorch's replicas said what they waited for after 20 s."""
