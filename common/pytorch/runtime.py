@@ -171,7 +171,8 @@ class Replicas:
             # every replica through the gather before any leaves: one that ended on what it
             # gathered, its socket closed while another's receive was under way, aborted that
             # one (gloo: "terminate called without an active exception", 6 runs of 7 under
-            # torchrun; none of 18 with the barrier)
+            # torchrun; none of 18 with the barrier). After a DDP is built, gloo's teardown at
+            # exit can still abort a replica that way (README, "the flags").
             dist.barrier(group=self.control_group)
         return gathered
 
