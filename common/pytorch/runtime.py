@@ -172,7 +172,7 @@ class Replicas:
             # gathered, its socket closed while another's receive was under way, aborted that
             # one (gloo: "terminate called without an active exception", 6 runs of 7 under
             # torchrun; none of 18 with the barrier). After a DDP is built, gloo's teardown at
-            # exit can still abort a replica that way (README, "the flags").
+            # exit can still abort a replica that way (the README's data-parallel table says so).
             dist.barrier(group=self.control_group)
         return gathered
 
