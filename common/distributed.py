@@ -44,6 +44,11 @@ def check_batch(batch_size: int, count: int, parts: int = 1, quiet: bool = False
                          f"of {unit} (the global batch; each replica trains on batch / {count})", quiet=quiet)
 
 
+# A join slower than this says what it waits for (TensorFlow's, or a quarter of its wait if
+# sooner): the replicas start within seconds, so a longer wait is for one that may never come.
+JOIN_NOTICE_S = 20
+
+
 # What a replica's own machine decides: where it finds the data, the run and the weights to
 # start from (a shared folder mounted at another path; what they hold is compared, below), and
 # its loader threads. Every other flag must be the same on every replica: a different --iters

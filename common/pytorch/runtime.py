@@ -44,7 +44,7 @@ from common.pytorch import amp
 # How long a replica waits for the others at a collective before it gives up with one line
 # (a replica that dies closes its connections, and the others learn of it at once).
 REPLICA_TIMEOUT = timedelta(minutes=10)
-JOIN_NOTICE_S = 20  # a join slower than this says what it waits for
+JOIN_NOTICE_S = distributed.JOIN_NOTICE_S  # a join slower than this says what it waits for
 
 
 def launched_by_torchrun() -> bool:

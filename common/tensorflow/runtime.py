@@ -55,7 +55,7 @@ _GPUS = tf.config.list_physical_devices("GPU")
 # heartbeats: either way the collectives fail and the others end with one line (10 s after a
 # SIGSTOP on the 2-core CPU).
 JOIN_TIMEOUT_S = 600
-JOIN_NOTICE_S = 20  # a join slower than this, or a quarter of the wait if sooner, says what it waits for
+JOIN_NOTICE_S = distributed.JOIN_NOTICE_S  # or a quarter of the wait if sooner
 
 # A process beside the joining worker: unless the worker closes the pipe (joined, or gone) in
 # time, it says so in one line and kills the worker. It takes Ctrl-C and SIGTERM for the worker
