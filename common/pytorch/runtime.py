@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -45,6 +46,35 @@ from common.pytorch import amp
 # (a replica that dies closes its connections, and the others learn of it at once).
 REPLICA_TIMEOUT = timedelta(minutes=10)
 JOIN_NOTICE_S = distributed.JOIN_NOTICE_S  # a join slower than this says what it waits for
+# How long a replica's exit waits for the collectives' threads to let go of its tensors (below):
+# a moment, but one that waits on a stuck collective (a replica that hangs) gives up.
+RETURN_TIMEOUT_S = 5.0
+
+# The tensors this process has handed to collectives. The gloo thread that ran one lets go of
+# them a moment after it returns, and freeing a tensor that Python knows takes the GIL: had the
+# interpreter begun to finalize by then (a replica that exits on what it gathered), Python 3.11
+# ended that thread from inside a C++ destructor, and the process with it: "terminate called
+# without an active exception", SIGABRT (gdb: AsyncBarrierWork's destructor in
+# ProcessGroupGloo::runLoop; 7 of 36 runs of the --resume refusal under load). So the exit
+# waits until the threads have let go of them (_leave).
+_LENT: dict[int, weakref.ref] = {}  # by id (a WeakSet compares tensors with ==, elementwise)
+
+
+def _lend(tensor: torch.Tensor) -> torch.Tensor:
+    key = id(tensor)
+    _LENT[key] = weakref.ref(tensor, lambda _, key=key: _LENT.pop(key, None))
+    return tensor
+
+
+def wait_for_lent_tensors(timeout_s: float = RETURN_TIMEOUT_S) -> bool:
+    """Wait, the GIL free, until the collectives' threads have let go of every tensor handed to
+    them; False if some were still held after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while len(_LENT):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def launched_by_torchrun() -> bool:
@@ -116,7 +146,7 @@ class Replicas:
         if self.count == 1:
             return values
         with translate_failures():
-            dist.all_reduce(values)
+            dist.all_reduce(_lend(values))
         return values / self.count
 
     def stop_signal(self, signum: int) -> int:
@@ -125,7 +155,7 @@ class Replicas:
         if self.count == 1:
             return signum
         agreed = self._agreed_stop()
-        flag = torch.tensor([signum], dtype=torch.int64)
+        flag = _lend(torch.tensor([signum], dtype=torch.int64))
         with translate_failures():
             work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control_group, async_op=True)
         self._pending_stop = (work, flag)
@@ -149,40 +179,40 @@ class Replicas:
     def writer_first(self, action):
         if self.count == 1:
             return action()
-        outcome, result = [None], None
+        result = None
         if self.writer:
             try:
                 result = action()
             except UserError as error:
-                outcome = [str(error)]
-                self._broadcast(outcome)
+                self._writers_outcome(str(error))
                 raise
-        self._broadcast(outcome)
-        if outcome[0] is not None:
-            raise distributed.ReplicaFailed(f"rank 0 stopped: {outcome[0]}", quiet=True)
+        failure = self._writers_outcome(None)
+        if failure is not None:
+            raise distributed.ReplicaFailed(f"rank 0 stopped: {failure}", quiet=True)
         return result
 
+    def _writers_outcome(self, failure: str | None) -> str | None:
+        """What the writer failed with (None: it did not), learnt by every replica."""
+        writers = self.gather([] if failure is None else [1, *failure.encode()])[0]
+        return bytes(writers[1:]).decode(errors="replace") if writers else None
+
     def gather(self, values: list[int]) -> list[list[int]]:
+        """(Any int64s, and as many on each replica as it likes.)"""
         if self.count == 1:
             return [list(values)]
-        gathered = [None] * self.count
         with translate_failures():
-            dist.all_gather_object(gathered, list(values), group=self.control_group)
-            # every replica through the gather before any leaves: one that ended on what it
-            # gathered, its socket closed while another's receive was under way, aborted that
-            # one (gloo: "terminate called without an active exception", 6 runs of 7 under
-            # torchrun; none of 18 with the barrier). After a DDP is built, gloo's teardown at
-            # exit can still abort a replica that way (the README's data-parallel table says so).
+            lengths = [row[0] for row in self._all_gather(torch.tensor([len(values)], dtype=torch.int64))]
+            row = torch.zeros(max(*lengths, 1), dtype=torch.int64)
+            row[:len(values)] = torch.tensor(values, dtype=torch.int64)
+            rows = self._all_gather(row)
+            # every replica through the gather before any leaves on what it gathered
             dist.barrier(group=self.control_group)
-        return gathered
+        return [row[:length] for row, length in zip(rows, lengths)]
 
-    def _broadcast(self, message: list):
-        with translate_failures():
-            dist.broadcast_object_list(message, src=0, device=self._collective_device)
-
-    @property
-    def _collective_device(self) -> torch.device:
-        return torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    def _all_gather(self, row: torch.Tensor) -> list[list[int]]:
+        rows = [_lend(torch.empty_like(row)) for _ in range(self.count)]
+        dist.all_gather(rows, _lend(row), group=self.control_group)
+        return [gathered.tolist() for gathered in rows]
 
 
 # torch 2.13 renamed broadcast_buffers to forward_sync_buffers (deprecated, with a warning);
@@ -257,9 +287,10 @@ def start_replicas(device_type: str, sync_bn: bool, batch_norm: bool = True) -> 
     if said.is_set():
         print(f"joined the other {world_size - 1} replica(s) after {time.monotonic() - started:.0f} s",
               file=sys.stderr, flush=True)
-    atexit.register(_leave)
     control_group = dist.new_group(backend="gloo") if device_type == "cuda" else None
-    return Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)
+    replicas = Replicas(dist.get_rank(), dist.get_world_size(), local_rank, control_group)
+    atexit.register(_leave, replicas)
+    return replicas
 
 
 @contextlib.contextmanager
@@ -302,7 +333,11 @@ def _signals_end_the_join(say: bool):
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
-def _leave():
+def _leave(replicas: Replicas):
+    """At exit, while Python can still run every thread: the collectives' tensors freed (_LENT),
+    then the process group."""
+    replicas._pending_stop = None  # a stop flag never waited for: gloo lets go of it when done
+    wait_for_lent_tensors()
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
 
