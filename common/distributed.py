@@ -102,17 +102,27 @@ def check_same_data(x: np.ndarray, replicas: "Replicas") -> None:
                         "name them at another path)", quiet=not replicas.writer)
 
 
-def check_same_checkpoint(step: int | None, replicas: "Replicas") -> None:
+def check_same_checkpoint(latest: tuple[int, Path] | None, replicas: "Replicas") -> None:
     """--resume: one CheckpointError line on every replica (printed by the writer) unless every
-    replica resumes from a checkpoint of the same step. Each reads the latest in its own --out:
-    one that held none ended in a traceback, one that held an older run's trained on from other
-    weights and wrote a checkpoint before the collectives came apart."""
-    steps = [row[0] for row in replicas.gather([-1 if step is None else step])]
+    replica resumes from the same checkpoint: of the same step, and the same file (a CRC of its
+    bytes). Each reads the latest in its own --out (`latest`: its step and path; None: none
+    there): one that held none ended in a traceback, one that held an older run's trained on
+    from other weights and wrote a checkpoint before the collectives came apart, and another
+    run's of the same step trained the replicas apart in silence."""
+    if replicas.count == 1:
+        return
+    step, contents = (-1, 0) if latest is None else (latest[0], _crc(Path(latest[1]).read_bytes()))
+    gathered = replicas.gather([step, contents])
+    steps = [row[0] for row in gathered]
     if len(set(steps)) > 1:
         found = ", ".join(f"{rank}: {f'step {at}' if at >= 0 else 'none'}" for rank, at in enumerate(steps))
         raise CheckpointError(f"--resume: the {replicas.noun}' run folders hold different latest checkpoints "
                               f"({replicas.noun[:-1]} {found}): each reads its own --out, which must hold the one "
                               "run (a file system the machines share)", quiet=not replicas.writer)
+    if len({row[1] for row in gathered}) > 1:
+        raise CheckpointError(f"--resume: the {replicas.noun}' latest checkpoints are of the same step ({step}) but "
+                              f"not the same file (here: {latest[1]}): each reads its own --out, which must hold the "
+                              "one run (a file system the machines share)", quiet=not replicas.writer)
 
 
 def check_same_start(weights_file, replicas: "Replicas") -> None:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -382,15 +383,27 @@ def test_replicas_that_loaded_other_init_from_weights_are_one_line(tmp_path):
     assert not refused.value.quiet
 
 
-def test_replicas_resuming_from_different_checkpoints_are_one_line():
-    distributed.check_same_checkpoint(20, Gathered([[20], [20]]))
-    distributed.check_same_checkpoint(20, Gathered([[20]]))
+def test_replicas_resuming_from_different_checkpoints_are_one_line(tmp_path):
+    """Of other steps, or none; or of the same step but another file (another run's)."""
+    ours, theirs = tmp_path / "step_000020.pt", tmp_path / "theirs" / "step_000020.pt"
+    theirs.parent.mkdir()
+    ours.write_bytes(b"weights")
+    theirs.write_bytes(b"weightz")
+    crc = lambda path: zlib.crc32(path.read_bytes()) >> 1  # noqa: E731
+    distributed.check_same_checkpoint((20, ours), Gathered([[20, crc(ours)], [20, crc(ours)]]))
+    distributed.check_same_checkpoint((20, tmp_path / "gone"), Gathered([[]]))  # one process: nothing read
     with pytest.raises(CheckpointError) as refused:
-        distributed.check_same_checkpoint(None, Gathered([[20], [-1], [10]], rank=1))
+        distributed.check_same_checkpoint(None, Gathered([[20, crc(ours)], [-1, 0], [10, crc(theirs)]], rank=1))
     assert str(refused.value) == ("--resume: the replicas' run folders hold different latest checkpoints (replica "
                                   "0: step 20, 1: none, 2: step 10): each reads its own --out, which must hold the "
                                   "one run (a file system the machines share)")
     assert refused.value.quiet and refused.value.exit_code == 1
+    with pytest.raises(CheckpointError) as refused:
+        distributed.check_same_checkpoint((20, ours), Gathered([[20, crc(ours)], [20, crc(theirs)]], noun="workers"))
+    assert str(refused.value) == (f"--resume: the workers' latest checkpoints are of the same step (20) but not the "
+                                  f"same file (here: {ours}): each reads its own --out, which must hold the one run "
+                                  "(a file system the machines share)")
+    assert not refused.value.quiet and refused.value.exit_code == 1
 
 
 def two_replicas(tmp_path, *flags: str, own_flags: dict) -> list[tuple[str, str, str]]:
@@ -442,6 +455,25 @@ def test_replicas_resuming_from_folders_that_hold_different_checkpoints_end_with
                                 "(replica 0: step 4, 1: none): each reads its own --out, which must hold the one "
                                 "run (a file system the machines share)")
     assert sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "step_000002.pt", "step_000004.pt"]
+
+
+def test_replicas_resuming_from_another_runs_checkpoint_of_the_same_step_end_with_one_line(tmp_path):
+    """Rank 1's copy of the run holds a checkpoint of step 4 from another seed: the replicas
+    trained on from other weights in silence, DDP averaging their gradients."""
+    flags = [*FAST[:-2], "--batch-size", "32", "--checkpoint-every", "2", "--iters", "4"]
+    for seed in (0, 1):
+        made = run_script(SCRIPTS["vanilla_gan"], "--out", str(tmp_path / f"seed{seed}"), *flags, "--seed", str(seed))
+        assert made.returncode == 0, made.stderr[-2000:]
+    shutil.copytree(tmp_path / "seed0", tmp_path / "copy")
+    shutil.copy(tmp_path / "seed1" / "checkpoints" / "step_000004.pt", tmp_path / "copy" / "checkpoints")
+    results = two_replicas(tmp_path, *flags[:-1], "6", "--resume",
+                           own_flags={0: ["--out", str(tmp_path / "seed0")], 1: ["--out", str(tmp_path / "copy")]})
+    assert_one_line_from_rank_0(results, 1, "--resume: the replicas' latest checkpoints are of the same step (4) but "
+                                f"not the same file (here: {tmp_path / 'seed0' / 'checkpoints' / 'step_000004.pt'}): "
+                                "each reads its own --out, which must hold the one run (a file system the machines "
+                                "share)")
+    assert sorted(path.name for path in (tmp_path / "seed0" / "checkpoints").iterdir()) == [
         "step_000002.pt", "step_000004.pt"]
 
 
