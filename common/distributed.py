@@ -111,7 +111,10 @@ def check_same_checkpoint(latest: tuple[int, Path] | None, replicas: "Replicas")
     run's of the same step trained the replicas apart in silence."""
     if replicas.count == 1:
         return
-    step, contents = (-1, 0) if latest is None else (latest[0], _crc(Path(latest[1]).read_bytes()))
+    if latest is None:
+        step, contents = -1, 0
+    else:
+        step, contents = latest[0], _file_crc(latest[1], "checkpoint", "delete it to resume from the one before")
     gathered = replicas.gather([step, contents])
     steps = [row[0] for row in gathered]
     if len(set(steps)) > 1:
@@ -132,7 +135,7 @@ def check_same_start(weights_file, replicas: "Replicas") -> None:
     the replicas apart."""
     if replicas.count == 1:
         return
-    here = _crc(Path(weights_file).read_bytes())
+    here = _file_crc(weights_file, "--init-from weights", "name another")
     if len({row[0] for row in replicas.gather([here])}) > 1:
         raise CheckpointError(f"the {replicas.noun} loaded different --init-from weights (here: {weights_file}): "
                               "every one must load the same file (its own --init-from may name it at another path)",
@@ -141,6 +144,19 @@ def check_same_start(weights_file, replicas: "Replicas") -> None:
 
 def _crc(data) -> int:
     return zlib.crc32(data) >> 1
+
+
+def _file_crc(path, what: str, fix: str) -> int:
+    """_crc of a file's bytes, read a MiB at a time (a checkpoint may be large); one
+    CheckpointError line for a file that cannot be read (a dangling link, one just removed)."""
+    crc = 0
+    try:
+        with open(path, "rb") as file:
+            while chunk := file.read(1 << 20):
+                crc = zlib.crc32(chunk, crc)
+    except OSError as error:
+        raise CheckpointError(f"{what} {path} is unreadable ({error.strerror or error}); {fix}") from None
+    return crc >> 1
 
 
 _MISSING = object()
@@ -175,8 +191,8 @@ class Replicas(Protocol):
         """This replica writes the run folder (config, history, samples, checkpoints, TensorBoard)."""
 
     def gather(self, values: list[int]) -> list[list[int]]:
-        """Every replica's `values` (int32s, as many on each; TensorFlow: every worker's), in
-        rank order: the same answer on every replica."""
+        """Every replica's `values` (int32s, as many on each: TensorFlow's gather needs both; it
+        gives every worker's), in rank order: the same answer on every replica."""
 
     def writer_first(self, action: Callable[[], T]) -> T | None:
         """Run `action` on the writer while the others wait; a UserError it raises ends every

@@ -257,11 +257,14 @@ def test_pytorch_gather_holds_every_replica_until_all_have_it_and_lends_its_tens
 def test_a_writers_failure_ends_the_others_with_its_line_and_its_success_lets_them_on(monkeypatch):
     from common.pytorch import runtime
 
-    OtherReplica(monkeypatch, [1, *"disk full: ü".encode()], [], rank=1)
+    # a path's undecodable byte, as Python holds it (a lone surrogate), crossed too: it raised
+    # UnicodeEncodeError on the writer, in a traceback, the others waiting on
+    refusal = "cannot write /runs/\udcff: disk full: ü"
+    OtherReplica(monkeypatch, [1, *refusal.encode(errors="surrogateescape")], [], rank=1)
     waiting = runtime.Replicas(rank=1, count=2)
     with pytest.raises(distributed.ReplicaFailed) as stopped:
         waiting.writer_first(lambda: pytest.fail("only the writer acts"))
-    assert str(stopped.value) == "rank 0 stopped: disk full: ü" and stopped.value.quiet
+    assert str(stopped.value) == f"rank 0 stopped: {refusal}" and stopped.value.quiet
     assert waiting.writer_first(lambda: pytest.fail("only the writer acts")) is None
 
     other = OtherReplica(monkeypatch, [], [])
@@ -269,9 +272,9 @@ def test_a_writers_failure_ends_the_others_with_its_line_and_its_success_lets_th
     assert writer.writer_first(lambda: "run folder") == "run folder"
 
     def refuse():
-        raise CheckpointError("no room")
+        raise CheckpointError("no room in /runs/\udcff")
 
-    with pytest.raises(CheckpointError, match="^no room$"):
+    with pytest.raises(CheckpointError, match="^no room in /runs/\udcff$"):
         writer.writer_first(refuse)
     assert [call[0] for call in other.calls] == ["all_gather", "all_gather", "barrier"] * 2
 
@@ -307,11 +310,23 @@ def test_a_replicas_exit_waits_until_the_collectives_let_go_of_its_tensors(monke
     monkeypatch.setattr(runtime.dist, "destroy_process_group", lambda: events.append(("destroyed", len(runtime._LENT))))
     held = [runtime._lend(torch.zeros(1))]
     replicas = runtime.Replicas(rank=1, count=2, _pending_stop=("work", runtime._lend(torch.zeros(1))))
-    threading.Timer(0.3, held.clear).start()
     started = time.monotonic()
+    threading.Timer(0.3, held.clear).start()
     runtime._leave(replicas)
     assert time.monotonic() - started >= 0.3
     assert replicas._pending_stop is None and events == [("destroyed", 0)]
+
+    def collective_with_a_bug():
+        lent = runtime._lend(torch.zeros(1))  # noqa: F841 (held by the traceback's frame)
+        raise ValueError("a bug")
+
+    try:
+        collective_with_a_bug()
+    except ValueError as error:  # uncaught, Python would keep its traceback for the exit
+        monkeypatch.setattr(sys, "last_traceback", error.__traceback__, raising=False)
+    started = time.monotonic()
+    runtime._leave(replicas)
+    assert time.monotonic() - started < runtime.RETURN_TIMEOUT_S / 2 and events[-1] == ("destroyed", 0)
 
     stuck = runtime._lend(torch.zeros(1))
     started = time.monotonic()
@@ -387,8 +402,8 @@ def test_replicas_resuming_from_different_checkpoints_are_one_line(tmp_path):
     """Of other steps, or none; or of the same step but another file (another run's)."""
     ours, theirs = tmp_path / "step_000020.pt", tmp_path / "theirs" / "step_000020.pt"
     theirs.parent.mkdir()
-    ours.write_bytes(b"weights")
-    theirs.write_bytes(b"weightz")
+    ours.write_bytes(b"weights" * 400_000)  # read a MiB at a time: 2.8 MB
+    theirs.write_bytes(b"weightz" * 400_000)
     crc = lambda path: zlib.crc32(path.read_bytes()) >> 1  # noqa: E731
     distributed.check_same_checkpoint((20, ours), Gathered([[20, crc(ours)], [20, crc(ours)]]))
     distributed.check_same_checkpoint((20, tmp_path / "gone"), Gathered([[]]))  # one process: nothing read
@@ -404,6 +419,12 @@ def test_replicas_resuming_from_different_checkpoints_are_one_line(tmp_path):
                                   f"same file (here: {ours}): each reads its own --out, which must hold the one run "
                                   "(a file system the machines share)")
     assert not refused.value.quiet and refused.value.exit_code == 1
+    # a dangling link (a file removed after the listing, or unreadable, alike): a traceback
+    (tmp_path / "step_000030.pt").symlink_to(tmp_path / "gone")
+    with pytest.raises(CheckpointError) as refused:
+        distributed.check_same_checkpoint((30, tmp_path / "step_000030.pt"), Gathered([[0, 0], [0, 0]]))
+    assert str(refused.value) == (f"checkpoint {tmp_path / 'step_000030.pt'} is unreadable (No such file or "
+                                  "directory); delete it to resume from the one before")
 
 
 def two_replicas(tmp_path, *flags: str, own_flags: dict) -> list[tuple[str, str, str]]:

@@ -193,11 +193,12 @@ class Replicas:
 
     def _writers_outcome(self, failure: str | None) -> str | None:
         """What the writer failed with (None: it did not), learnt by every replica."""
-        writers = self.gather([] if failure is None else [1, *failure.encode()])[0]
-        return bytes(writers[1:]).decode(errors="replace") if writers else None
+        # surrogateescape: a path's undecodable bytes, as Python holds them, travel as they were
+        writers = self.gather([] if failure is None else [1, *failure.encode(errors="surrogateescape")])[0]
+        return bytes(writers[1:]).decode(errors="surrogateescape") if writers else None
 
     def gather(self, values: list[int]) -> list[list[int]]:
-        """(Any int64s, and as many on each replica as it likes.)"""
+        """(Here int64s, and their number may differ between replicas: writer_first's does.)"""
         if self.count == 1:
             return [list(values)]
         with translate_failures():
@@ -337,6 +338,8 @@ def _leave(replicas: Replicas):
     """At exit, while Python can still run every thread: the collectives' tensors freed (_LENT),
     then the process group."""
     replicas._pending_stop = None  # a stop flag never waited for: gloo lets go of it when done
+    # an uncaught error's traceback, which Python keeps, holds the frames of a failed collective
+    sys.last_type = sys.last_value = sys.last_traceback = None
     wait_for_lent_tensors()
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
