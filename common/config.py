@@ -187,7 +187,7 @@ def build_parser(model: str, framework: str, defaults: dict) -> argparse.Argumen
                           help="GANs: sample and evaluate with an exponential moving average of "
                                "G's weights, e.g. 0.999 (0: off, G itself)")
     training.add_argument("--seed", type=flags.seed, help="seeds Python, numpy and the framework (0 to 2**32 - 1)")
-    training.add_argument("--init-from", type=flags.path_text, metavar="RUN_DIR|WEIGHTS.npz",
+    training.add_argument("--init-from", type=flags.absolute_path_text, metavar="RUN_DIR|WEIGHTS.npz",
                           help="start from the initial weights of another run, of either "
                                "framework (its initial_weights.npz), instead of a fresh init; "
                                "--resume continues from the checkpoint instead")

@@ -139,12 +139,13 @@ def out_of_memory_problem(error: BaseException) -> str | None:
 REPLICA_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TF_CONFIG")
 
 
-def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.CompletedProcess:
+def run_child(command: list[str], on_interrupt, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run for a script that trains or evaluates. A terminal's Ctrl-C goes to the
     whole process group; the model scripts then finish their step, checkpoint and exit 130.
     subprocess.run would raise KeyboardInterrupt in this process and kill the child while it
     saves, so the signal is noted here instead and the child waited for; then this process
-    stops too, with `on_interrupt` as its one line (exit 128 + the signal: 130, or 143).
+    stops too, with `on_interrupt` as its one line (exit 128 + the signal: 130, or 143): a
+    string, or a function that says it once the child has ended (what the child saved).
     A SIGTERM is also passed on to the child: sent to this process alone (`kill PID`), it had
     killed it at once and left the child training on alone. The copy that follows one sent to
     the whole group is harmless (outside a training loop SIGTERM's default ends a script at the
@@ -177,7 +178,7 @@ def run_child(command: list[str], on_interrupt: str, **kwargs) -> subprocess.Com
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if received or result.returncode in (130, 143):  # the child stopped on a signal of its own, and saved
-        stopped = Interrupted(f"interrupted: {on_interrupt}")
+        stopped = Interrupted(f"interrupted: {on_interrupt() if callable(on_interrupt) else on_interrupt}")
         stopped.exit_code = 128 + received[0] if received else result.returncode
         raise stopped
     return result

@@ -561,6 +561,22 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
     }
 
 
+def history_figures(rows: list[dict], step: int, batch_size: int) -> dict:
+    """A summary's training figures as the run's history recorded them, for a summary written
+    again (none, or damaged) by a process that trained nothing, whose own figures are no
+    training's (a DCGAN's: final losses {}, no step time, peak memory 374 MB against 422): the
+    losses of the row at `step`, the median step time of the intervals but the first (a
+    resume's first, with its warm-up, counts too), and no peak memory (the history has none)."""
+    rows = [row for row in rows if row.get("step", 0) <= step]
+    last = rows[-1] if rows and rows[-1].get("step") == step else {}
+    times = [row["step_ms"] for row in rows[1:] if isinstance(row.get("step_ms"), (int, float))
+             and math.isfinite(row["step_ms"])]
+    median_ms = statistics.median(times) if times else None
+    return {"final": {k: v for k, v in last.items() if k not in ("step", "step_ms", "skipped_at")},
+            "median_step_ms": median_ms, "samples_per_s": batch_size * 1000.0 / median_ms if median_ms else None,
+            "timed_from_step": 0, "peak_memory_mb": None}
+
+
 def evaluate_command(cfg: RunConfig, run: RunFolder) -> str:
     """scripts/evaluate.py measuring `run` as its --evaluate, --eval-draws and --save-samples asked."""
     from common.evaluation import iwae_flags
@@ -694,6 +710,8 @@ def train_from(cfg: RunConfig, run: RunFolder, session: Session, num_examples: i
             # and whether it stopped before its --iters: evaluating a run stopped with Ctrl-C
             # measures it where it stands, and it stays unfinished (quality_table.py skips it)
             summary = dict(previous)
+        else:  # what the history kept of the training: this process's own figures are no training's
+            summary.update(history_figures(run.read_history(), step, cfg.batch_size))
     # The training's figures are written, and the other replicas let go, before the evaluation:
     # it is the writer's alone, and one that outlasted the replicas' wait (10 minutes) ended
     # the run without a summary; one that fails leaves the training's.

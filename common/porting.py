@@ -143,6 +143,9 @@ def start_from(source: str, model: str, modules: dict, import_into, sample_shape
     except CheckpointError as error:
         if "is not a readable weights file" not in str(error):
             raise
+        if path.name == INITIAL_WEIGHTS:  # a run's own, named so: damaged, not a checkpoint given instead
+            raise CheckpointError(f"{error}; it is damaged (cut short?): copy it again, or train that run "
+                                  "again") from None
         # a checkpoint (the step's training state, in one framework's format) is the likeliest
         raise CheckpointError(f"{error}; --init-from takes a run folder or its {INITIAL_WEIGHTS} "
                               "(the step-0 weights, in either framework), not a checkpoint") from None

@@ -202,8 +202,17 @@ def continue_flags(folder: Path, summary: dict, again: str) -> list[str]:
         # a run stopped on inf/NaN says so; its diverged_step_* state is not one to go on from
         cause = f"it stopped: {summary['stopped']}" if isinstance(summary.get("stopped"), str) else "deleted?"
         raise UsageError(f"cannot continue {folder}: it holds results up to step {step} but no checkpoint "
-                         f"to continue from ({cause}){again}, deleting them, or --runs for another folder")
+                         f"to continue from ({cause}){again}, or --runs for another folder")
     return ["--overwrite"]
+
+
+def holds_a_checkpoint(folder: Path) -> bool:
+    """Whether a run folder holds a checkpoint: what a run stopped by a signal leaves to go on
+    from (one stopped while it started, none)."""
+    try:
+        return any(CHECKPOINT_NAME.match(path.name) for path in (Path(folder) / "checkpoints").iterdir())
+    except OSError:
+        return False
 
 
 def same_path(typed, recorded) -> bool:

@@ -44,8 +44,16 @@ from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, dataset_suffix, parse_args, resolve_precision, run_name
 from common.errors import UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.evaluation import check_evaluable, sample_count
-from common.flags import OneLineErrorParser, first_paragraph, output_files_problem, output_folder
-from common.runs import continue_flags, lies_within, read_json, refuse_inside_a_run, settings_as_today
+from common.flags import OneLineErrorParser, absolute, first_paragraph, output_files_problem, output_folder
+from common.runs import (
+    continue_flags,
+    holds_a_checkpoint,
+    lies_within,
+    read_json,
+    refuse_inside_a_run,
+    same_path,
+    settings_as_today,
+)
 
 # compare sets these itself; each with what to use instead
 OWN_FLAGS = {"--out": "use --runs, --reuse or --overwrite", "--resume": "use --runs, --reuse or --overwrite",
@@ -91,7 +99,7 @@ class Plan:
 
     def expected(self) -> dict:
         return {**json.loads(self.config.to_json()), "precision": self.precision,
-                "init_from": str(self.init_from) if self.init_from else None}
+                "init_from": absolute(str(self.init_from)) if self.init_from else None}
 
 
 def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
@@ -108,7 +116,10 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
     again = f"; delete {folder} to train this side again (--overwrite would retrain both)"
     saved = settings_as_today(read_json(folder / "config.json", hint=again))  # older runs, in today's flags
     expected = plan.expected()
-    differing = [k for k in MATCHING if saved.get(k) != expected.get(k)]
+    # --init-from: recorded absolute (a run of an older version: as typed), so --runs may be typed
+    # another way, or from another folder
+    differing = [k for k in MATCHING if saved.get(k) != expected.get(k)
+                 and not (k == "init_from" and same_path(saved.get(k), expected.get(k)))]
     if differing:
         changes = ", ".join(f"{k}: {saved.get(k)!r} here, {expected.get(k)!r} asked" for k in differing)
         raise UsageError(f"cannot reuse {folder}: other settings ({changes}); --runs for another folder"
@@ -137,7 +148,9 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
 def train(plan: Plan, extra: list[str]) -> None:
     command = plan.command(extra)
     print(f"compare: {plan.label}: {' '.join(command[1:])}", flush=True)
-    status = run_child(command, f"the {plan.label} run saved a checkpoint; --reuse continues it").returncode
+    status = run_child(command, lambda: (f"the {plan.label} run holds a checkpoint; --reuse continues it"
+                                         if holds_a_checkpoint(plan.folder) else f"the {plan.label} run stopped "
+                                         "before its first checkpoint; --reuse trains it from the start")).returncode
     if status != 0:
         raise UserError(f"the {plan.label} run failed (exit {status}); its output is above")
 

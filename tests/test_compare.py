@@ -403,7 +403,7 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
     assert drift["0"] == 0.0 and drift["6"] > 0  # same start, then the two trainings part
     tensorflow_config = json.loads((runs / "vanilla_gan" / "tensorflow-fp32-init-pytorch"
                                     / "config.json").read_text())
-    assert tensorflow_config["init_from"] == str(runs / "vanilla_gan" / "pytorch-fp32")
+    assert tensorflow_config["init_from"] == str(tmp_path / runs / "vanilla_gan" / "pytorch-fp32")  # absolute
     markdown = (folder / "table.md").read_text()
     assert markdown.count("\n") == 4 and "| pytorch fp32 | cpu | 6 |" in markdown
     assert all(r["cpu"] == cpu.describe() for r in table["rows"])
@@ -430,6 +430,13 @@ def test_compare_writes_the_report_and_reuses_runs(tmp_path, capsys, monkeypatch
         compare.main([*flags, "--same-init", "--reuse", "--lr", "1e-4"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "lr: 0.0002 here, 0.0001 asked" in err
+
+    # --runs typed another way names the same runs: refused as "other settings" (init_from) before
+    ported = runs / "vanilla_gan" / "tensorflow-fp32-init-pytorch" / "summary.json"
+    before = ported.stat().st_mtime_ns
+    assert compare.main([*flags[:2], "--runs", str(tmp_path / "runs"), *flags[4:], "--same-init", "--reuse"]) == 0
+    assert ported.stat().st_mtime_ns == before
+    capsys.readouterr()
 
     grid = runs / "vanilla_gan" / "tensorflow-fp32-init-pytorch" / "samples" / "step_000000.png"
     plt.imsave(grid, np.zeros((10, 10, 3)))  # a valid PNG of another size: numpy's broadcast error before
@@ -602,8 +609,11 @@ def test_reuse_refuses_to_train_again_over_results_whose_checkpoints_were_delete
     run.folder.mkdir(parents=True)
     (run.folder / "config.json").write_text(json.dumps(run.expected()))
     (run.folder / "summary.json").write_text(json.dumps({"step": 4}))
-    with pytest.raises(UsageError, match="results up to step 4 but no checkpoint to continue from"):
+    with pytest.raises(UsageError) as refused:
         compare.decide(plan(6), reuse=True, overwrite=False)
+    assert str(refused.value) == (f"cannot continue {run.folder}: it holds results up to step 4 but no checkpoint to "
+                                  f"continue from (deleted?); delete {run.folder} to train this side again "
+                                  "(--overwrite would retrain both), or --runs for another folder")
     (run.folder / "summary.json").write_text(json.dumps({"step": 4, "stopped": "losses inf/NaN since step 2"}))
     with pytest.raises(UsageError, match=r"no checkpoint to continue from \(it stopped: losses inf/NaN since step 2\)"):
         compare.decide(plan(6), reuse=True, overwrite=False)
@@ -634,7 +644,7 @@ def test_compare_hands_run_folders_starting_with_a_dash_to_the_scripts(tmp_path,
                            for plan in planned)
     assert pytorch.out == os.path.join("-r", "vanilla_gan", "pytorch-fp32") and pytorch.overwrite
     assert tensorflow.out == os.path.join("-r", "vanilla_gan", "tensorflow-fp32-init-pytorch")
-    assert tensorflow.init_from == pytorch.out
+    assert tensorflow.init_from == str(tmp_path / pytorch.out)  # recorded absolute
 
 
 def test_make_demo_trains_into_its_own_folder_and_replaces_no_run():
@@ -860,3 +870,24 @@ def test_the_report_table_prints_a_figure_of_zero_as_zero_not_as_missing():
     row = {"run": "pytorch fp32", "device": "cpu", "steps": 4, "median_step_ms": None, "samples_per_s": 0.0,
            "peak_memory_mb": 0.0, "skipped_steps": 0, "final_losses": {}, "metrics": {}}
     assert report.markdown_table([row]).splitlines()[-1] == "| pytorch fp32 | cpu | 4 | - | 0 | 0 | 0 | - |"
+
+
+def test_a_side_stopped_by_a_signal_says_whether_it_holds_a_checkpoint_to_go_on_from(tmp_path, monkeypatch):
+    """A Ctrl-C while a side's script still imported said "saved a checkpoint" of a run that
+    had written nothing."""
+    import sys
+
+    from common.errors import Interrupted
+
+    plan = compare.Plan("vanilla_gan", "tensorflow", False, TINY, tmp_path, "cpu")
+    monkeypatch.setattr(plan, "command", lambda extra: [sys.executable, "-c", "import sys; sys.exit(130)"])
+    with pytest.raises(Interrupted) as stopped:
+        compare.train(plan, [])
+    assert str(stopped.value) == ("interrupted: the tensorflow fp32 run stopped before its first checkpoint; "
+                                  "--reuse trains it from the start")
+    (plan.folder / "checkpoints").mkdir(parents=True)
+    (plan.folder / "checkpoints" / "step_000002.npz").write_bytes(b"")
+    with pytest.raises(Interrupted) as stopped:
+        compare.train(plan, [])
+    assert str(stopped.value) == "interrupted: the tensorflow fp32 run holds a checkpoint; --reuse continues it"
+    assert stopped.value.exit_code == 130

@@ -848,3 +848,31 @@ def test_evaluate_names_the_flags_it_ignored(tmp_path, monkeypatch, capsys):
         said = "note: --iwae-k: the VAE's likelihood bound; none of these runs is a VAE: ignored"
         assert (said in capsys.readouterr().out) == noted
 
+
+
+def test_a_quality_table_run_stopped_by_a_signal_says_whether_it_holds_a_checkpoint_to_go_on_from(tmp_path,
+                                                                                               monkeypatch, capsys):
+    """A Ctrl-C while the model script still imported said "saved a checkpoint" of a run that
+    had written nothing (as compare.py's sides did)."""
+    from common.errors import Interrupted
+    from scripts import quality_table
+
+    folder = tmp_path / "vanilla_gan" / "ring8" / "pytorch-fp32"
+
+    def interrupted_child(command, on_interrupt, **kwargs):  # as run_child says it once the child ended
+        raise Interrupted(f"interrupted: {on_interrupt()}")
+
+    monkeypatch.setattr(quality_table, "run_child", interrupted_child)
+    argv = ["--models", "vanilla_gan", "--frameworks", "pytorch", "--datasets", "ring8", "--precisions", "fp32",
+            "--iters", "4", "--samples", "100", "--runs", str(tmp_path)]
+    said = []
+    for extra in ([], ["--overwrite"]):
+        if extra:  # (--overwrite: its settings are not read)
+            (folder / "checkpoints").mkdir(parents=True)
+            (folder / "checkpoints" / "step_000002.pt").write_bytes(b"")
+        with pytest.raises(SystemExit) as stopped:
+            quality_table.main([*argv, *extra])
+        assert stopped.value.code == 130
+        said.append(capsys.readouterr().err.strip())
+    assert said == [f"error: interrupted: {folder} stopped before its first checkpoint; the same command trains it "
+                    "from the start", f"error: interrupted: {folder} holds a checkpoint; the same command continues it"]

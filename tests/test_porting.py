@@ -273,3 +273,12 @@ def test_init_from_names_a_checkpoint_only_for_a_file_that_is_no_weights_file(tm
     with pytest.raises(CheckpointError) as error:
         porting.start_from(str(weights), "vanilla_gan", {}, None, (28, 28, 1))
     assert "holds inf/NaN" in str(error.value) and "checkpoint" not in str(error.value), error.value
+    # a run's own step-0 weights, cut short: damaged, and the run folder given was right
+    (tmp_path / "run").mkdir()
+    porting.save_weights(tmp_path / "run" / porting.INITIAL_WEIGHTS, {"generator": [("Dense", [np.zeros(2)])]}, {})
+    cut = tmp_path / "run" / porting.INITIAL_WEIGHTS
+    cut.write_bytes(cut.read_bytes()[:100])
+    with pytest.raises(CheckpointError) as error:
+        porting.start_from(str(tmp_path / "run"), "vanilla_gan", {}, None, (28, 28, 1))
+    assert str(error.value).startswith(f"{cut} is not a readable weights file") and str(error.value).endswith(
+        "; it is damaged (cut short?): copy it again, or train that run again"), error.value

@@ -1181,3 +1181,21 @@ def test_colour_grids_clip_values_outside_the_pixel_range(tmp_path):
     sampling.save_image_grid(images, tmp_path / "grid.png", value_range=(-1.0, 1.0), columns=2)
     pixels = np.asarray(Image.open(tmp_path / "grid.png").convert("RGB"))
     assert (pixels[2:6, 2:6] == 255).all() and (pixels[2:6, 8:12] == 0).all()
+
+
+def test_a_summary_written_again_by_a_resume_with_nothing_to_train_keeps_the_trainings_figures(tmp_path):
+    """A summary.json lost or damaged is written again by --resume (summarize_runs.py and
+    compare.py --reuse say so). It held the figures of that process, which trained nothing:
+    final losses {}, no step time, and its own peak memory as the training's."""
+    import statistics
+
+    out = tmp_path / "run"
+    trained = train("pytorch", out, "--iters", "6", "--log-every", "2", "--checkpoint-every", "6")
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    (out / "summary.json").unlink()
+    rewritten = train("pytorch", out, "--iters", "6", "--log-every", "2", "--resume")
+    assert rewritten == json.loads((out / "summary.json").read_text())
+    assert rewritten["step"] == 6 and rewritten["final"] == trained["final"] and rewritten["final"]
+    assert rewritten["median_step_ms"] == statistics.median(row["step_ms"] for row in history[1:])
+    assert rewritten["samples_per_s"] == pytest.approx(32 * 1000 / rewritten["median_step_ms"])
+    assert rewritten["peak_memory_mb"] is None and rewritten["skipped_steps"] == trained["skipped_steps"]
