@@ -874,20 +874,40 @@ def test_the_report_table_prints_a_figure_of_zero_as_zero_not_as_missing():
 
 def test_a_side_stopped_by_a_signal_says_whether_it_holds_a_checkpoint_to_go_on_from(tmp_path, monkeypatch):
     """A Ctrl-C while a side's script still imported said "saved a checkpoint" of a run that
-    had written nothing."""
+    had written nothing. Said once the child has ended: its checkpoint may be the one it saved
+    as it stopped."""
     import sys
 
     from common.errors import Interrupted
 
     plan = compare.Plan("vanilla_gan", "tensorflow", False, TINY, tmp_path, "cpu")
-    monkeypatch.setattr(plan, "command", lambda extra: [sys.executable, "-c", "import sys; sys.exit(130)"])
-    with pytest.raises(Interrupted) as stopped:
-        compare.train(plan, [])
-    assert str(stopped.value) == ("interrupted: the tensorflow fp32 run stopped before its first checkpoint; "
-                                  "--reuse trains it from the start")
-    (plan.folder / "checkpoints").mkdir(parents=True)
-    (plan.folder / "checkpoints" / "step_000002.npz").write_bytes(b"")
-    with pytest.raises(Interrupted) as stopped:
-        compare.train(plan, [])
-    assert str(stopped.value) == "interrupted: the tensorflow fp32 run holds a checkpoint; --reuse continues it"
-    assert stopped.value.exit_code == 130
+    checkpoints = plan.folder / "checkpoints"
+    checkpoints.mkdir(parents=True)  # as a run makes it as it starts
+    for name in ("diverged_step_000002.npz", ".step_000002.npz.tmp-1"):  # no checkpoints to go on from
+        (checkpoints / name).write_bytes(b"")
+    saves = f"import pathlib, sys; pathlib.Path({str(checkpoints / 'step_000002.npz')!r}).write_bytes(b''); "
+    for child, said in (("", "the tensorflow fp32 run stopped before its first checkpoint; --reuse trains it from "
+                              "the start"),
+                        (saves, "the tensorflow fp32 run holds a checkpoint; --reuse continues it")):
+        monkeypatch.setattr(plan, "command", lambda extra, child=child: [
+            sys.executable, "-c", f"{child}import sys; sys.exit(130)"])
+        with pytest.raises(Interrupted) as stopped:
+            compare.train(plan, [])
+        assert (str(stopped.value), stopped.value.exit_code) == (f"interrupted: {said}", 130)
+
+
+def test_reuse_takes_an_older_runs_init_from_recorded_as_typed_for_the_same_folder(tmp_path, monkeypatch):
+    """Runs of an older version recorded --init-from as typed (relative): compared as a path,
+    from the folder it was typed in, with --runs now typed absolute; another folder is refused."""
+    monkeypatch.chdir(tmp_path)
+    plan = compare.Plan("vanilla_gan", "tensorflow", False, ["--iters", "4", *TINY], tmp_path / "runs", "cpu")
+    plan.init_from = tmp_path / "runs" / "vanilla_gan" / "pytorch-fp32"
+    plan.folder.mkdir(parents=True)
+    for typed, reused in (("runs/vanilla_gan/pytorch-fp32", True), ("runs/vanilla_gan/pytorch-amp-bf16", False)):
+        (plan.folder / "config.json").write_text(json.dumps({**plan.expected(), "init_from": typed}))
+        (plan.folder / "summary.json").write_text(json.dumps({"step": 4}))
+        if reused:
+            assert compare.decide(plan, reuse=True, overwrite=False) is None  # finished: used as it is
+        else:
+            with pytest.raises(UsageError, match="other settings \\(init_from: "):
+                compare.decide(plan, reuse=True, overwrite=False)

@@ -227,11 +227,13 @@ class OtherReplica:
         from common.pytorch import runtime
 
         self.rank, self.lent, self.theirs, self.calls, self.lengths_next = rank, runtime._LENT, list(theirs), [], True
+        self.sent = []  # what this replica sent, each all_gather's row
         monkeypatch.setattr(runtime.dist, "all_gather", self.all_gather)
         monkeypatch.setattr(runtime.dist, "barrier", lambda group=None: self.calls.append(("barrier", group)))
 
     def all_gather(self, rows, row, group=None):
         self.calls.append(("all_gather", group, all(id(tensor) in self.lent for tensor in (*rows, row))))
+        self.sent.append(row.tolist())
         values = self.theirs[0]
         sent = [len(values)] if self.lengths_next else values + [0] * (len(row) - len(values))
         if not self.lengths_next:
@@ -266,6 +268,20 @@ def test_a_writers_failure_ends_the_others_with_its_line_and_its_success_lets_th
         waiting.writer_first(lambda: pytest.fail("only the writer acts"))
     assert str(stopped.value) == f"rank 0 stopped: {refusal}" and stopped.value.quiet
     assert waiting.writer_first(lambda: pytest.fail("only the writer acts")) is None
+
+    # what the writer sends, read back by the others: the same line (an empty one too, not success)
+    for refusal in ("cannot write /runs/\udcff: disk full", ""):
+        def refuse(refusal=refusal):
+            raise CheckpointError(refusal)
+
+        writers_side = OtherReplica(monkeypatch, [], [])
+        with pytest.raises(CheckpointError):
+            runtime.Replicas(rank=0, count=2).writer_first(refuse)
+        (length,), row = writers_side.sent[:2]
+        OtherReplica(monkeypatch, row[:length], [], rank=1)
+        with pytest.raises(distributed.ReplicaFailed) as stopped:
+            runtime.Replicas(rank=1, count=2).writer_first(lambda: pytest.fail("only the writer acts"))
+        assert str(stopped.value) == f"rank 0 stopped: {refusal}"
 
     other = OtherReplica(monkeypatch, [], [])
     writer = runtime.Replicas(rank=0, count=2)
@@ -322,7 +338,8 @@ def test_a_replicas_exit_waits_until_the_collectives_let_go_of_its_tensors(monke
 
     try:
         collective_with_a_bug()
-    except ValueError as error:  # uncaught, Python would keep its traceback for the exit
+    except ValueError as error:  # uncaught, Python would keep it, and its traceback, for the exit
+        monkeypatch.setattr(sys, "last_value", error, raising=False)
         monkeypatch.setattr(sys, "last_traceback", error.__traceback__, raising=False)
     started = time.monotonic()
     runtime._leave(replicas)
@@ -396,6 +413,39 @@ def test_replicas_that_loaded_other_init_from_weights_are_one_line(tmp_path):
     assert str(refused.value) == (f"the workers loaded different --init-from weights (here: {ours}): every one must "
                                   "load the same file (its own --init-from may name it at another path)")
     assert not refused.value.quiet
+    (tmp_path / "moved.npz").symlink_to(tmp_path / "gone")  # removed since it was loaded, say
+    with pytest.raises(CheckpointError) as refused:
+        distributed.check_same_start(tmp_path / "moved.npz", Gathered([[0], [0]]))
+    assert str(refused.value) == (f"--init-from weights {tmp_path / 'moved.npz'} is unreadable (No such file or "
+                                  "directory); name another")
+
+
+def test_a_fifo_named_as_a_replicas_latest_checkpoint_is_refused_before_its_bytes_are_read(tmp_path):
+    """Under replicas the checkpoint's CRC is read before the restore checks the file: a FIFO
+    named like a checkpoint would block that read forever."""
+    from types import SimpleNamespace
+
+    from common import loop
+
+    fifo = tmp_path / "step_000004.pt"
+    os.mkfifo(fifo)
+    run = SimpleNamespace(latest_checkpoint=lambda: (4, fifo))
+    session = SimpleNamespace(replicas=Gathered([[4, 0], [4, 0]]))
+    ended = []
+
+    def resume():
+        try:
+            loop.resume(SimpleNamespace(resume=True), run, session, None, print)
+        except CheckpointError as error:
+            ended.append(str(error))
+
+    thread = threading.Thread(target=resume, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    if thread.is_alive():  # blocked in the read: a writer's open lets it go, at EOF
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=30)
+    assert ended == [f"checkpoint {fifo} is not a regular file; remove it or name another"]
 
 
 def test_replicas_resuming_from_different_checkpoints_are_one_line(tmp_path):
@@ -745,9 +795,11 @@ def test_a_slow_join_that_succeeds_says_it_joined(slow, monkeypatch, capsys):
     monkeypatch.setattr(runtime.dist, "init_process_group", join)
     monkeypatch.setattr(runtime.dist, "get_rank", lambda *args: 0)
     monkeypatch.setattr(runtime.dist, "get_world_size", lambda *args: 3)
-    monkeypatch.setattr(runtime.atexit, "register", lambda *args: None)  # no process group to leave
+    registered = []  # not run: no process group to leave
+    monkeypatch.setattr(runtime.atexit, "register", lambda *args: registered.append(args))
     replicas = runtime.start_replicas("cpu", sync_bn=False)
     assert (replicas.rank, replicas.count) == (0, 3)
+    assert registered == [(runtime._leave, replicas)]  # the exit waits for the collectives' tensors
     err = capsys.readouterr().err
     if slow:
         assert err.startswith("waiting for the other 2 replica(s) at 127.0.0.1:29999 ")

@@ -1199,3 +1199,16 @@ def test_a_summary_written_again_by_a_resume_with_nothing_to_train_keeps_the_tra
     assert rewritten["median_step_ms"] == statistics.median(row["step_ms"] for row in history[1:])
     assert rewritten["samples_per_s"] == pytest.approx(32 * 1000 / rewritten["median_step_ms"])
     assert rewritten["peak_memory_mb"] is None and rewritten["skipped_steps"] == trained["skipped_steps"]
+    assert rewritten["timed_from_step"] == 0  # the history's intervals, not this process's (from step 6)
+
+
+def test_history_figures_take_the_losses_of_the_row_at_the_step_only():
+    """A checkpoint between two log steps (step 5 here): the losses of step 4 are not step 5's."""
+    from common.loop import history_figures
+
+    rows = [{"step": 2, "loss": 1.0, "step_ms": 30.0}, {"step": 4, "loss": 0.5, "step_ms": 10.0},
+            {"step": 6, "loss": 0.25, "step_ms": 20.0}]
+    assert history_figures(rows, 5, 32) == {"final": {}, "median_step_ms": 10.0, "samples_per_s": 3200.0,
+                                            "timed_from_step": 0, "peak_memory_mb": None}
+    assert history_figures(rows, 6, 32)["final"] == {"loss": 0.25}
+    assert history_figures(rows, 6, 32)["median_step_ms"] == 15.0  # the first interval left out
