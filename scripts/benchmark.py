@@ -70,6 +70,9 @@ OWN_FLAGS = {"--amp": "--precisions", "--amp-dtype": "--precisions", "--tf32": "
              "--compile": "--compiled", "--xla": "--compiled", "--distribute": "--replicas",
              "--out": "--out (the benchmark's folder)", "--overwrite": "nothing (each run starts over)",
              "--resume": "nothing (each run starts over)"}
+# What would add its own work to the timed steps and the peak memory (its output not kept): a
+# row with --profile and --precision-report peaked at 482 MB against 400, its table thrown away.
+UNTIMED_FLAGS = ("--profile", "--precision-report")
 # Bounds of the counts below, far past any use: a typo (an extra zero) ends in a message, not in
 # a benchmark that runs for days. Each configuration is a fresh process, 300 steps by default.
 MAX_REPEAT = 100          # runs of every configuration; the median settles within a few
@@ -147,10 +150,14 @@ def check_other_flags(configurations: list[tuple], args) -> dict[tuple, str]:
     for flag in args.flags:
         name = flag.split("=")[0]  # a prefix names a flag (--amp-d for --amp-dtype), in the scripts as here
         meant = {full for full in script_options if name.startswith("--") and full.startswith(name)}
-        own = [full for full in OWN_FLAGS if full in meant]
+        refused_here = (*OWN_FLAGS, *UNTIMED_FLAGS)
+        own = [full for full in refused_here if full in meant]
         # an ambiguous prefix (--d: --device, --distribute, ...) is the script's parser's to refuse
-        if own and (name in OWN_FLAGS or meant <= set(OWN_FLAGS)):
+        if own and (name in refused_here or meant <= set(refused_here)):
             typed = f" (typed {name})" if name != own[0] else ""
+            if own[0] in UNTIMED_FLAGS:
+                raise UsageError(f"{own[0]}{typed} would add its own work to every timed step and the peak memory: "
+                                 "use it on a model script")
             raise UsageError(f"{own[0]}{typed} is set for each configuration by the benchmark; use {OWN_FLAGS[own[0]]}")
     refused = {}
     for configuration in configurations:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from common import cpu, models, quiet
 from common.config import MAX_WIDTH
-from common.errors import exit_on_user_error
-from common.flags import OneLineErrorParser, first_paragraph, int_in
+from common.errors import UsageError, exit_on_user_error
+from common.flags import OneLineErrorParser, first_paragraph, int_in, repeated_values_problem
 
 BATCH, IMAGE = 64, 28
 MAX_CALLS = 100_000  # 1,000x the default: hours of timing at tens of ms a call, where 100 settle the medians
@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     parser.add_argument("--width", type=int_in(1, MAX_WIDTH), default=32,
                         help=f"DCGAN's width (the default: 32; at most {MAX_WIDTH}, as the model scripts' --width)")
     args = parser.parse_args(argv)
+    if problem := repeated_values_problem("--frameworks", args.frameworks):  # each measured twice
+        raise UsageError(problem)
     print(f"CPU: {cpu.summary()}")
     for framework in args.frameworks:
         steps = {"pytorch": pytorch_steps, "tensorflow": tensorflow_steps}[framework](args.width, args.amp)

@@ -130,7 +130,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if same := next(((run, names) for run, names in runs_as.items() if len(names) > 1), None):
             raise UsageError(f"--precisions {' and '.join(same[1])} are one precision here ({same[0]}): "
                              "it would be measured and tabled twice")
-        clashing = [flag for flag, value in (("--amp", args.amp), ("--out", args.out),
+        clashing = [flag for flag, value in (("--amp", args.amp), ("--tf32", args.tf32 != "auto"), ("--out", args.out),
                                              ("--result-json", args.result_json)) if value]
         if clashing:
             raise UsageError(f"--precisions sets the precision of each run and keeps no weights: "

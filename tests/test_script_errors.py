@@ -121,6 +121,14 @@ def test_a_helper_scripts_absurd_count_is_refused_at_parse_time(script, argv, fl
     assert f"argument {flag}: must be from" in err, err
 
 
+def test_end_layers_measures_each_framework_once(capsys):
+    """`--frameworks pytorch pytorch` measured and printed PyTorch twice (its twins refuse it)."""
+    from scripts import end_layers
+
+    err = one_line_exit(capsys, lambda: end_layers.main(["--frameworks", "pytorch", "pytorch"]), code=2)
+    assert "--frameworks names pytorch more than once" in err, err
+
+
 def test_the_largest_seed_is_taken():
     assert parse_args("vanilla_gan", "pytorch", ["--seed", str(2**32 - 1)]).seed == 2**32 - 1
 

@@ -1011,7 +1011,8 @@ def test_tensorflow_profile_reads_the_newest_trace_of_its_folder(tmp_path, monke
     """A resumed run profiled again writes a second trace beside the first (profile/ is kept):
     its table is read from the newest, by time: here the newest is also first by name, so
     neither the oldest nor the last by name passes. Each run above profiles once, so reading
-    the oldest went unseen."""
+    the oldest went unseen. Its TensorBoard command is quoted for the shell (a folder with a
+    space split it in two)."""
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -1024,12 +1025,14 @@ def test_tensorflow_profile_reads_the_newest_trace_of_its_folder(tmp_path, monke
         plane.event_metadata[1].name = f"model/{op_type}:{op_type}"
         plane.event_metadata[1].display_name = op_type
         plane.lines.add(name="tf_executor").events.add(metadata_id=1, offset_ps=0, duration_ps=1_000_000)
-        trace = tmp_path / "plugins" / "profile" / f"run{run}" / "host.xplane.pb"
+        trace = tmp_path / "a run" / "plugins" / "profile" / f"run{run}" / "host.xplane.pb"
         trace.parent.mkdir(parents=True)
         trace.write_bytes(space.SerializeToString())
         os.utime(trace, (1e9 + 1000 * (1 - age), 1e9 + 1000 * (1 - age)))
     monkeypatch.setattr(tf.profiler.experimental, "stop", lambda: None)
-    assert Profiler().stop(tmp_path)[0] == [("MatMul", 1, 1e-3)]
+    rows, said = Profiler().stop(tmp_path / "a run")
+    assert rows == [("MatMul", 1, 1e-3)]
+    assert f"(tensorboard --logdir '{tmp_path / 'a run'}', Profile tab" in said, said
 
 
 def test_the_top_operations_table_shows_the_15_longest_per_step():

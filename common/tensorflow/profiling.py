@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import re
+import shlex
 from pathlib import Path
 
 import tensorflow as tf
@@ -22,7 +23,7 @@ class Profiler:
         tf.profiler.experimental.stop()
         trace = max(folder.glob("plugins/profile/*/*.xplane.pb"), key=lambda path: path.stat().st_mtime)
         return (host_operations(trace),
-                f"TensorBoard trace in {folder} (tensorboard --logdir {folder}, Profile tab; "
+                f"TensorBoard trace in {folder} (tensorboard --logdir {shlex.quote(str(folder))}, Profile tab; "
                 "needs tensorboard-plugin-profile)")
 
 
