@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import struct
 import sys
 from pathlib import Path
@@ -175,6 +176,12 @@ def absolute_path_text(text: str) -> str:
     """A path made absolute against the working folder it was typed in: what a run records,
     so that --resume or scripts/evaluate.py from another folder reads the same files."""
     return absolute(path_text(text))
+
+
+def shell_word(path: Path | str) -> str:
+    """`path` as a word to paste into a shell: quoted where needed, "./" before a leading "-"."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def absolute(text: str) -> str:

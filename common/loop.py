@@ -566,7 +566,8 @@ def history_figures(rows: list[dict], step: int, batch_size: int) -> dict:
     again (none, or damaged) by a process that trained nothing, whose own figures are no
     training's (a DCGAN's: final losses {}, no step time, peak memory 374 MB against 422): the
     losses of the row at `step`, the median step time of the intervals but the first (a
-    resume's first, with its warm-up, counts too), and no peak memory (the history has none)."""
+    resume's first, with its warm-up, counts too), and no peak memory, nor the machine and
+    replicas the steps were timed on (the history records none of them)."""
     rows = [row for row in rows if row.get("step", 0) <= step]
     last = rows[-1] if rows and rows[-1].get("step") == step else {}
     times = [row["step_ms"] for row in rows[1:] if isinstance(row.get("step_ms"), (int, float))
@@ -574,7 +575,7 @@ def history_figures(rows: list[dict], step: int, batch_size: int) -> dict:
     median_ms = statistics.median(times) if times else None
     return {"final": {k: v for k, v in last.items() if k not in ("step", "step_ms", "skipped_at")},
             "median_step_ms": median_ms, "samples_per_s": batch_size * 1000.0 / median_ms if median_ms else None,
-            "timed_from_step": 0, "peak_memory_mb": None}
+            "timed_from_step": 0, "peak_memory_mb": None, "cpu": None, "gpu": None, "replicas": None}
 
 
 def evaluate_command(cfg: RunConfig, run: RunFolder) -> str:

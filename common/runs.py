@@ -206,13 +206,20 @@ def continue_flags(folder: Path, summary: dict, again: str) -> list[str]:
     return ["--overwrite"]
 
 
-def holds_a_checkpoint(folder: Path) -> bool:
-    """Whether a run folder holds a checkpoint: what a run stopped by a signal leaves to go on
-    from (one stopped while it started, none)."""
+def where_a_stopped_run_stands(folder: Path, run: str, goes_on: str, starting_over: bool) -> str:
+    """What a script that drives the model scripts (compare.py, quality_table.py) says of `run`,
+    in `folder`, stopped by a signal: whether it holds a checkpoint that `goes_on` (the way on:
+    "--reuse", "the same command") continues from. Looked at once the run has ended: a Ctrl-C
+    while its script still imported had been said to have saved one."""
+    if starting_over:  # --overwrite: a checkpoint there may still be the run it replaces
+        return f"{run} was being trained again (--overwrite); the same command starts it over"
     try:
-        return any(CHECKPOINT_NAME.match(path.name) for path in (Path(folder) / "checkpoints").iterdir())
-    except OSError:
-        return False
+        held = RunFolder(folder).latest_checkpoint() is not None
+    except UserError as problem:  # checkpoints/ a file or a dangling link: the way on refuses it too
+        return f"{run}: {problem}"
+    if held:
+        return f"{run} holds a checkpoint; {goes_on} continues it"
+    return f"{run} stopped before its first checkpoint; {goes_on} trains it from the start"
 
 
 def same_path(typed, recorded) -> bool:

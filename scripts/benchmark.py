@@ -70,8 +70,9 @@ OWN_FLAGS = {"--amp": "--precisions", "--amp-dtype": "--precisions", "--tf32": "
              "--compile": "--compiled", "--xla": "--compiled", "--distribute": "--replicas",
              "--out": "--out (the benchmark's folder)", "--overwrite": "nothing (each run starts over)",
              "--resume": "nothing (each run starts over)"}
-# What would add its own work to the timed steps and the peak memory (its output not kept): a
-# row with --profile and --precision-report peaked at 482 MB against 400, its table thrown away.
+# What would add its own work to the measurements, its output not kept: the peak memory (a row
+# with both peaked at 482 MB against 400), and --profile's to the steps it traces (5 to 15,
+# timed unless --log-every puts them in the first interval, which the median leaves out).
 UNTIMED_FLAGS = ("--profile", "--precision-report")
 # Bounds of the counts below, far past any use: a typo (an extra zero) ends in a message, not in
 # a benchmark that runs for days. Each configuration is a fresh process, 300 steps by default.
@@ -156,8 +157,8 @@ def check_other_flags(configurations: list[tuple], args) -> dict[tuple, str]:
         if own and (name in refused_here or meant <= set(refused_here)):
             typed = f" (typed {name})" if name != own[0] else ""
             if own[0] in UNTIMED_FLAGS:
-                raise UsageError(f"{own[0]}{typed} would add its own work to every timed step and the peak memory: "
-                                 "use it on a model script")
+                raise UsageError(f"{own[0]}{typed} would add its own work to the measurements (the peak memory, "
+                                 "and the steps --profile traces): use it on a model script")
             raise UsageError(f"{own[0]}{typed} is set for each configuration by the benchmark; use {OWN_FLAGS[own[0]]}")
     refused = {}
     for configuration in configurations:

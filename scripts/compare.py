@@ -44,15 +44,15 @@ from common import models, report
 from common.config import AMP_DTYPES, RESUME_KEYS, dataset_suffix, parse_args, resolve_precision, run_name
 from common.errors import UsageError, UserError, escaped_line_breaks, exit_on_user_error, run_child
 from common.evaluation import check_evaluable, sample_count
-from common.flags import OneLineErrorParser, absolute, first_paragraph, output_files_problem, output_folder
+from common.flags import OneLineErrorParser, absolute, first_paragraph, output_files_problem, output_folder, shell_word
 from common.runs import (
     continue_flags,
-    holds_a_checkpoint,
     lies_within,
     read_json,
     refuse_inside_a_run,
     same_path,
     settings_as_today,
+    where_a_stopped_run_stands,
 )
 
 # compare sets these itself; each with what to use instead
@@ -145,12 +145,12 @@ def decide(plan: Plan, reuse: bool, overwrite: bool) -> list[str] | None:
     return extra
 
 
-def train(plan: Plan, extra: list[str]) -> None:
+def train(plan: Plan, extra: list[str], starting_over: bool = False) -> None:
+    """`starting_over`: --overwrite, the run in its folder to be replaced."""
     command = plan.command(extra)
     print(f"compare: {plan.label}: {' '.join(command[1:])}", flush=True)
-    status = run_child(command, lambda: (f"the {plan.label} run holds a checkpoint; --reuse continues it"
-                                         if holds_a_checkpoint(plan.folder) else f"the {plan.label} run stopped "
-                                         "before its first checkpoint; --reuse trains it from the start")).returncode
+    status = run_child(command, lambda: where_a_stopped_run_stands(plan.folder, f"the {plan.label} run", "--reuse",
+                                                                    starting_over)).returncode
     if status != 0:
         raise UserError(f"the {plan.label} run failed (exit {status}); its output is above")
 
@@ -192,12 +192,6 @@ def parse(argv):
                          "--fp32-vs-amp FRAMEWORK")
     args.model = models.get(args.model).key
     return args, flags
-
-
-def shell_word(path: Path | str) -> str:
-    """`path` as a word to paste into a shell: quoted where needed, "./" before a leading "-"."""
-    text = str(path)
-    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def tensorboard_command(logdir: Path) -> str:
@@ -257,7 +251,7 @@ def main(argv=None) -> int:
         if extra is None:
             print(f"compare: {plan.label}: reusing {plan.folder}", flush=True)
         else:
-            train(plan, extra)
+            train(plan, extra, starting_over=args.overwrite)
 
     sides = [report.load_side(plan.folder, plan.label) for plan in plans]
     command = shlex.join(["python", "scripts/compare.py", *(argv if argv is not None else sys.argv[1:])])

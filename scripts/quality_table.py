@@ -38,13 +38,13 @@ from common.evaluation import evaluate_run, iwae_flags, sample_count
 from common.runs import (
     atomic_write,
     continue_flags,
-    holds_a_checkpoint,
     markdown_row,
     read_json,
     refuse_inside_a_run,
     settings_as_today,
     strict_json,
     text_bytes,
+    where_a_stopped_run_stands,
 )
 
 DATASETS = ("mnist", *POINT_DATASETS)
@@ -146,9 +146,8 @@ def ensure(folder: Path, model: str, dataset: str, framework: str, amp: bool, ar
                *(["--amp"] if amp else []), *overrides(args),
                *iwae_flags(model, args.iwae_k)]
     print(f"quality_table: {' '.join(command[1:])}", flush=True)
-    status = run_child(command, lambda: (f"{folder} holds a checkpoint; the same command continues it"
-                                         if holds_a_checkpoint(folder) else f"{folder} stopped before its first "
-                                         "checkpoint; the same command trains it from the start")).returncode
+    status = run_child(command, lambda: where_a_stopped_run_stands(folder, str(folder), "the same command",
+                                                                    args.overwrite)).returncode
     if status != 0:
         raise UserError(f"the run in {folder} failed (exit {status}); its output is above")
     return read_json(summary_path, ("step",), AGAIN)

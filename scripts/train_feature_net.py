@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="automatic mixed precision: bfloat16 on CPU, float16 + loss scaling on CUDA")
     parser.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
                         help="override the AMP compute dtype (needs --amp)")
-    parser.add_argument("--tf32", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--tf32", choices=("auto", "on", "off"),  # None: not given (auto)
                         help="CUDA float32 matmuls and convolutions in TensorFloat-32, as the model "
                              "scripts' --tf32 (auto: PyTorch's default); no effect on a CPU")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
@@ -130,13 +130,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if same := next(((run, names) for run, names in runs_as.items() if len(names) > 1), None):
             raise UsageError(f"--precisions {' and '.join(same[1])} are one precision here ({same[0]}): "
                              "it would be measured and tabled twice")
-        clashing = [flag for flag, value in (("--amp", args.amp), ("--tf32", args.tf32 != "auto"), ("--out", args.out),
-                                             ("--result-json", args.result_json)) if value]
+        clashing = [flag for flag, value in (("--amp", args.amp), ("--tf32", args.tf32 is not None),
+                                             ("--out", args.out), ("--result-json", args.result_json)) if value]
         if clashing:
             raise UsageError(f"--precisions sets the precision of each run and keeps no weights: "
                              f"drop {', '.join(clashing)}")
     elif args.table_out:
         raise UsageError("--table-out needs --precisions")
+    args.tf32 = args.tf32 or "auto"
     for flag, path in (("--out", args.out), ("--result-json", args.result_json), ("--table-out", args.table_out)):
         if path:
             refuse_inside_a_run(path, flag)

@@ -690,9 +690,9 @@ def test_benchmark_bounds_its_counts_before_running_anything(argv, message, tmp_
     (["--amp"], "error: --amp is set for each configuration by the benchmark; use --precisions", 2),
     (["--amp-d", "float16"], "error: --amp-dtype (typed --amp-d) is set for each configuration by the benchmark", 2),
     (["--xla"], "error: --xla is set for each configuration by the benchmark; use --compiled", 2),
-    # its own work timed with the steps' (482 MB against 400), its table thrown away
-    (["--profile"], "error: --profile would add its own work to every timed step and the peak memory: use it on "
-                    "a model script", 2),
+    # its own work measured with the steps' (482 MB against 400), its table thrown away
+    (["--profile"], "error: --profile would add its own work to the measurements (the peak memory, and the steps "
+                    "--profile traces): use it on a model script", 2),
     (["--precision-rep"], "error: --precision-report (typed --precision-rep) would add its own work", 2),
     # a prefix of other flags too: the script's parser says so, not "--distribute (typed --d)"
     (["--d", "cpu"], "error: ambiguous option: --d could match --d", 2),

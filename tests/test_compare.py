@@ -202,7 +202,7 @@ def test_compare_does_not_write_its_report_over_a_folder_of_the_users_own(tmp_pa
     (notes / "report.md").write_text("my notes")
     (notes / "samples.png").write_bytes(b"my grid")
     (notes / "table.json").write_text('{"title": "mine"}')  # JSON, not a table of compare's
-    monkeypatch.setattr(compare, "train", lambda *args: pytest.fail("trained before refusing"))
+    monkeypatch.setattr(compare, "train", lambda *args, **kwargs: pytest.fail("trained before refusing"))
     with pytest.raises(SystemExit) as exit_info:
         compare.main(["--model", "vanilla_gan", "--runs", str(tmp_path / "runs"), *TINY, "--report", str(notes)])
     err = capsys.readouterr().err.strip()
@@ -325,7 +325,7 @@ def planned(monkeypatch, argv) -> list:
     def stop(*args, **kwargs):
         raise Planned
 
-    monkeypatch.setattr(compare, "train", lambda plan, extra: trained.append(plan))
+    monkeypatch.setattr(compare, "train", lambda plan, extra, **kwargs: trained.append(plan))
     monkeypatch.setattr(compare.report, "load_side", stop)  # no report: the runs were not trained
     with pytest.raises(Planned):
         compare.main(argv)
@@ -635,7 +635,7 @@ def test_compare_hands_run_folders_starting_with_a_dash_to_the_scripts(tmp_path,
         raise Planned
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(compare, "train", lambda plan, extra: planned.append(plan))
+    monkeypatch.setattr(compare, "train", lambda plan, extra, **kwargs: planned.append(plan))
     monkeypatch.setattr(compare.report, "load_side", stop)
     with pytest.raises(Planned):
         compare.main(["--model", "vanilla_gan", "--runs", "./-r", *TINY, "--iters", "2", "--device", "cpu",
@@ -894,6 +894,18 @@ def test_a_side_stopped_by_a_signal_says_whether_it_holds_a_checkpoint_to_go_on_
         with pytest.raises(Interrupted) as stopped:
             compare.train(plan, [])
         assert (str(stopped.value), stopped.value.exit_code) == (f"interrupted: {said}", 130)
+    # under --overwrite the checkpoint may be the run it replaces; a checkpoints/ on a disk not
+    # mounted is no run to train from the start (--reuse refuses it)
+    with pytest.raises(Interrupted) as stopped:
+        compare.train(plan, [], starting_over=True)
+    assert str(stopped.value) == ("interrupted: the tensorflow fp32 run was being trained again (--overwrite); the "
+                                  "same command starts it over")
+    shutil.rmtree(checkpoints)
+    checkpoints.symlink_to(tmp_path / "unmounted")
+    monkeypatch.setattr(plan, "command", lambda extra: [sys.executable, "-c", "import sys; sys.exit(130)"])
+    with pytest.raises(Interrupted) as stopped:
+        compare.train(plan, [])
+    assert str(stopped.value).startswith(f"interrupted: the tensorflow fp32 run: {checkpoints} "), stopped.value
 
 
 def test_reuse_takes_an_older_runs_init_from_recorded_as_typed_for_the_same_folder(tmp_path, monkeypatch):

@@ -867,7 +867,7 @@ def test_a_quality_table_run_stopped_by_a_signal_says_whether_it_holds_a_checkpo
             "--iters", "4", "--samples", "100", "--runs", str(tmp_path)]
     said = []
     for extra in ([], ["--overwrite"]):
-        if extra:  # (--overwrite: its settings are not read)
+        if extra:  # a checkpoint there may be the run --overwrite replaces
             (folder / "checkpoints").mkdir(parents=True)
             (folder / "checkpoints" / "step_000002.pt").write_bytes(b"")
         with pytest.raises(SystemExit) as stopped:
@@ -875,4 +875,5 @@ def test_a_quality_table_run_stopped_by_a_signal_says_whether_it_holds_a_checkpo
         assert stopped.value.code == 130
         said.append(capsys.readouterr().err.strip())
     assert said == [f"error: interrupted: {folder} stopped before its first checkpoint; the same command trains it "
-                    "from the start", f"error: interrupted: {folder} holds a checkpoint; the same command continues it"]
+                    "from the start", f"error: interrupted: {folder} was being trained again (--overwrite); the same "
+                    "command starts it over"]

@@ -358,11 +358,12 @@ def test_bad_flags_are_one_line_errors(training_script, capsys, flags):
 def test_precisions_refuse_a_tf32_of_their_own_as_they_set_each_rows(training_script, capsys):
     """Each row sets --tf32 (fp32 off, fp32-tf32 on, amp the device's default): a --tf32 given
     was dropped without a word."""
-    with pytest.raises(SystemExit) as exit_info:
-        training_script.main(["--precisions", "fp32", "amp", "--tf32", "on"])
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err == ("error: --precisions sets the precision of each run and keeps no weights: "
-                                       "drop --tf32\n")
+    for tf32 in ("on", "auto"):  # auto too: fp32's row sets it off
+        with pytest.raises(SystemExit) as exit_info:
+            training_script.main(["--precisions", "fp32", "amp", "--tf32", tf32])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err == ("error: --precisions sets the precision of each run and keeps no weights: "
+                                           "drop --tf32\n")
 
 
 def test_a_precision_named_twice_is_refused_before_any_run(training_script, capsys):

@@ -1011,8 +1011,8 @@ def test_tensorflow_profile_reads_the_newest_trace_of_its_folder(tmp_path, monke
     """A resumed run profiled again writes a second trace beside the first (profile/ is kept):
     its table is read from the newest, by time: here the newest is also first by name, so
     neither the oldest nor the last by name passes. Each run above profiles once, so reading
-    the oldest went unseen. Its TensorBoard command is quoted for the shell (a folder with a
-    space split it in two)."""
+    the oldest went unseen. Its TensorBoard command is one word for the shell (a folder with a
+    space split it in two; one starting with "-" reads as an option)."""
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -1025,14 +1025,15 @@ def test_tensorflow_profile_reads_the_newest_trace_of_its_folder(tmp_path, monke
         plane.event_metadata[1].name = f"model/{op_type}:{op_type}"
         plane.event_metadata[1].display_name = op_type
         plane.lines.add(name="tf_executor").events.add(metadata_id=1, offset_ps=0, duration_ps=1_000_000)
-        trace = tmp_path / "a run" / "plugins" / "profile" / f"run{run}" / "host.xplane.pb"
+        trace = tmp_path / "-r un" / "plugins" / "profile" / f"run{run}" / "host.xplane.pb"
         trace.parent.mkdir(parents=True)
         trace.write_bytes(space.SerializeToString())
         os.utime(trace, (1e9 + 1000 * (1 - age), 1e9 + 1000 * (1 - age)))
     monkeypatch.setattr(tf.profiler.experimental, "stop", lambda: None)
-    rows, said = Profiler().stop(tmp_path / "a run")
+    monkeypatch.chdir(tmp_path)  # --out=-r: a word the shell would read as an option
+    rows, said = Profiler().stop(Path("-r un"))
     assert rows == [("MatMul", 1, 1e-3)]
-    assert f"(tensorboard --logdir '{tmp_path / 'a run'}', Profile tab" in said, said
+    assert "(tensorboard --logdir './-r un', Profile tab" in said, said
 
 
 def test_the_top_operations_table_shows_the_15_longest_per_step():
@@ -1203,6 +1204,8 @@ def test_a_summary_written_again_by_a_resume_with_nothing_to_train_keeps_the_tra
     assert rewritten["samples_per_s"] == pytest.approx(32 * 1000 / rewritten["median_step_ms"])
     assert rewritten["peak_memory_mb"] is None and rewritten["skipped_steps"] == trained["skipped_steps"]
     assert rewritten["timed_from_step"] == 0  # the history's intervals, not this process's (from step 6)
+    # timed on a machine the history does not name (a GPU's, maybe, or under torchrun): not this one
+    assert (rewritten["cpu"], rewritten["gpu"], rewritten["replicas"]) == (None, None, None)
 
 
 def test_history_figures_take_the_losses_of_the_row_at_the_step_only():
@@ -1212,6 +1215,7 @@ def test_history_figures_take_the_losses_of_the_row_at_the_step_only():
     rows = [{"step": 2, "loss": 1.0, "step_ms": 30.0}, {"step": 4, "loss": 0.5, "step_ms": 10.0},
             {"step": 6, "loss": 0.25, "step_ms": 20.0}]
     assert history_figures(rows, 5, 32) == {"final": {}, "median_step_ms": 10.0, "samples_per_s": 3200.0,
-                                            "timed_from_step": 0, "peak_memory_mb": None}
+                                            "timed_from_step": 0, "peak_memory_mb": None, "cpu": None,
+                                            "gpu": None, "replicas": None}
     assert history_figures(rows, 6, 32)["final"] == {"loss": 0.25}
     assert history_figures(rows, 6, 32)["median_step_ms"] == 15.0  # the first interval left out

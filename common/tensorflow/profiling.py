@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import collections
 import re
-import shlex
 from pathlib import Path
 
 import tensorflow as tf
 
+from common.flags import shell_word
 from common.profiling import OperationRow
 
 
@@ -23,7 +23,7 @@ class Profiler:
         tf.profiler.experimental.stop()
         trace = max(folder.glob("plugins/profile/*/*.xplane.pb"), key=lambda path: path.stat().st_mtime)
         return (host_operations(trace),
-                f"TensorBoard trace in {folder} (tensorboard --logdir {shlex.quote(str(folder))}, Profile tab; "
+                f"TensorBoard trace in {folder} (tensorboard --logdir {shell_word(folder)}, Profile tab; "
                 "needs tensorboard-plugin-profile)")
 
 
