@@ -151,9 +151,14 @@ def ring_points() -> np.ndarray:
 
 
 def mnist_images(image_size: int | None, channels: int) -> np.ndarray:
-    """The first MNIST test images in [0, 1], NHWC, resized and repeated to `channels`."""
+    """The first MNIST test images in [0, 1], NHWC, resized; with 3 channels, the image, its
+    transpose and its negative (1 - x): a port that mixed the channels of a pixel (D's first
+    kernel, the encoder's) passed with the image repeated in each."""
     test = datasets.load_dataset("mnist", split="test", limit=BATCH, image_size=image_size)
-    return np.repeat(datasets.to_unit_range(test.x), channels, axis=-1)
+    gray = datasets.to_unit_range(test.x)
+    if channels == 1:
+        return gray
+    return np.concatenate([gray, gray.transpose(0, 2, 1, 3), 1 - gray], axis=-1)
 
 
 @exit_on_user_error

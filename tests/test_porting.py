@@ -65,6 +65,25 @@ def test_parity_measures_the_worst_difference_and_fails_above_the_target(monkeyp
     assert f"float32 rows above {parity.FLOAT32_TARGET:g}" in capsys.readouterr().err
 
 
+def test_parity_on_rgb_images_sees_a_port_that_mixes_a_pixels_channels(monkeypatch, capsys):
+    """--channels 3 fed the image repeated in each channel, so a port that swapped a pixel's
+    channels in D's first kernel passed (3.7e-7); with distinct channels (the image, its
+    transpose, its negative) it is 6.7e-4, over the target."""
+    images = parity.mnist_images(32, 3)
+    assert images.shape[1:] == (32, 32, 3) and 0 <= images.min() and images.max() <= 1
+    assert all(not np.array_equal(images[..., a], images[..., b]) for a, b in ((0, 1), (0, 2), (1, 2)))
+    export = parity.torch_porting.export_weights
+
+    def swapping_rgb(module, image_shape_hwc=None):
+        return [(kind, [values[0][:, :, [1, 0, 2], :], *values[1:]])
+                if kind == "Conv2D" and values[0].shape[2] == 3 else (kind, values)
+                for kind, values in export(module, image_shape_hwc)]
+
+    monkeypatch.setattr(parity.torch_porting, "export_weights", swapping_rgb)
+    assert parity.main(["--model", "dcgan", "--image-size", "32", "--channels", "3"]) == 1
+    assert "1 float32 rows above" in capsys.readouterr().err
+
+
 def test_amp_differences_are_reported_not_hidden():
     shape = (28, 28, 1)
     images = np.random.default_rng(1).uniform(0, 1, (parity.BATCH, *shape)).astype(np.float32)
