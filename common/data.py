@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from numpy.lib.npyio import NpzFile
-from PIL import Image
+from PIL import Image, ImageOps
 
 from common import models
 from common.config import MAX_IMAGE_SIZE
@@ -803,6 +803,22 @@ GRAY_MODES = ("1", "L", "LA", *GRAY_16_BIT_MODES)
 WIDE_MODES = {"I": "32-bit integer", "F": "32-bit floating-point"}
 
 
+# EXIF's orientation tag: how a viewer turns the stored pixels (a phone's photo, stored sideways):
+# 1 upright, 2 to 8 mirrored or turned, 5 to 8 with width and height swapped. Ignored, a photo
+# trained on sideways, and its size was checked against the others' unturned.
+ORIENTATION_TAG = 0x0112
+
+
+def _orientation(image: Image.Image) -> int:
+    return image.getexif().get(ORIENTATION_TAG, 1)
+
+
+def _shown_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) as a viewer shows the image, from its header."""
+    width, height = image.size
+    return (height, width) if _orientation(image) in (5, 6, 7, 8) else (width, height)
+
+
 def _is_grayscale(image: Image.Image) -> bool:
     """A grayscale image, from its header: a gray mode, or a palette (a PNG's, a BMP's) of grays
     only, which Pillow reads without decoding the pixels."""
@@ -830,7 +846,7 @@ def _load_image_folder(root: Path, image_size: int | None, limit: int | None = N
             if image.mode in WIDE_MODES:
                 raise DataError(f"{path} has {WIDE_MODES[image.mode]} pixels (Pillow mode {image.mode}), whose "
                                 "range its mode does not say; save it as an 8- or 16-bit PNG")
-            grays_and_sizes.append((_is_grayscale(image), image.size))
+            grays_and_sizes.append((_is_grayscale(image), _shown_size(image)))
     grayscale = all(gray for gray, _ in grays_and_sizes)
     if image_size is not None:
         height = width = image_size
@@ -840,7 +856,7 @@ def _load_image_folder(root: Path, image_size: int | None, limit: int | None = N
             if size != (width, height):
                 raise DataError(
                     f"{root} holds images of different sizes ({first.relative_to(root)} is {width}x{height}, "
-                    f"{path.relative_to(root)} is {size[0]}x{size[1]}); pass an image size to resize them all"
+                    f"{path.relative_to(root)} is {size[0]}x{size[1]}); pass --image-size N to resize them all"
                 )
         _check_native_size(width, height, root)  # before any is decoded
     channels = 1 if grayscale else 3
@@ -848,6 +864,8 @@ def _load_image_folder(root: Path, image_size: int | None, limit: int | None = N
     images = np.empty((len(files), height, width, channels), dtype=np.uint8)
     for index, (path, _) in enumerate(files):
         with _open_image(path) as image:
+            if _orientation(image) != 1:  # the image as a viewer shows it
+                image = ImageOps.exif_transpose(image)
             if image.mode in GRAY_16_BIT_MODES:  # 0..65535 -> 0..255, rounded
                 image = Image.fromarray(((np.asarray(image, dtype=np.uint32) * 255 + 32767) // 65535).astype(np.uint8))
             image = image.convert("L" if grayscale else "RGB")  # RGBA loses its alpha channel

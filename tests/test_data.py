@@ -755,8 +755,27 @@ def test_a_32_bit_image_is_refused_by_name_not_clipped(tmp_path, pixels, mode):
 def test_folder_with_mixed_sizes_needs_an_image_size(tmp_path):
     save_image(tmp_path / "a" / "small.png", random_pixels((8, 8, 3), 0))
     save_image(tmp_path / "b" / "large.png", random_pixels((16, 12, 3), 1))
-    with data_error("8x8", "12x16", "pass an image size"):
+    with data_error("8x8", "12x16", "pass --image-size N to resize them all"):
         load_dataset("folder", tmp_path)
+
+
+def test_a_photo_whose_exif_says_it_is_turned_is_loaded_as_a_viewer_shows_it(tmp_path):
+    """A phone stores a portrait photo sideways with EXIF orientation 6 (turn 90 degrees
+    clockwise): it trained sideways, and its size was checked unturned against the others."""
+    from PIL import Image
+
+    stored = np.zeros((6, 8, 3), np.uint8)  # 8 wide, 6 high as stored: a bar along the top
+    stored[0] = 255
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    (tmp_path / "photos").mkdir()
+    Image.fromarray(stored).save(tmp_path / "photos" / "turned.png", exif=exif)
+    upright = save_image(tmp_path / "photos" / "upright.png", random_pixels((8, 6, 3), 0))  # 6 wide, 8 high
+    dataset = load_dataset("folder", tmp_path)  # one size as shown: 6x8
+    assert dataset.x.shape == (2, 8, 6, 3)
+    np.testing.assert_array_equal(dataset.x[0], np.rot90(stored, k=-1))  # the bar on the right, as shown
+    assert dataset.x[0][:, -1].min() == 255 and dataset.x[0][:, :-1].max() == 0
+    np.testing.assert_array_equal(dataset.x[1], upright)
 
 
 def test_folder_images_past_the_image_size_bound_need_an_image_size_before_any_is_decoded(tmp_path):
