@@ -810,7 +810,9 @@ ORIENTATION_TAG = 0x0112
 
 
 def _orientation(image: Image.Image) -> int:
-    return image.getexif().get(ORIENTATION_TAG, 1)
+    """The orientation the header holds (JPEG's APP1, a PNG's eXIf before its pixels): asked
+    for more, a PNG's getexif() decodes the pixels, every image twice and a cut one refused."""
+    return image.getexif().get(ORIENTATION_TAG, 1) if "exif" in image.info else 1
 
 
 def _shown_size(image: Image.Image) -> tuple[int, int]:
