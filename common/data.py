@@ -169,10 +169,10 @@ def _describe_shape(shape: tuple) -> str:
     return f"{height}x{width}" if channels == 1 else f"{height}x{width}x{channels}"
 
 
-def fixed_test_images(cfg, count: int) -> np.ndarray:
-    """The first `count` test images of the run's dataset, NHWC float32 in [0, 1]: the same
-    images in every sample grid and in both frameworks ("folder" has no test split: its
-    first training images)."""
+def fixed_test_images(cfg, count: int | None) -> np.ndarray:
+    """The first `count` test images of the run's dataset (None: all), NHWC float32 in [0, 1]:
+    the same images in every sample grid and in both frameworks ("folder" has no test split:
+    its first training images)."""
     test = load_dataset(cfg.dataset, cfg.data_dir, split="test", limit=count,
                         image_size=cfg.image_size, seed=cfg.seed)
     return to_unit_range(test.x)

@@ -137,15 +137,16 @@ def evaluate(cfg, trainer, log=print, keep=None) -> dict:
     bounds_on = ""
     if hasattr(trainer, "decode_logits"):
         # drawn at random, as for FID: MNIST's first 1,000 test images scored a bound 5 nats
-        # better than all 10,000 (the test set's first half is its cleaner writers)
-        # ("folder" has no test split: its first training images, as many as asked)
-        pool = count if cfg.dataset == "folder" else MNIST_TEST_IMAGES
+        # better than all 10,000 (the test set's first half is its cleaner writers). "folder"
+        # has no test split: the images the run trained on (--data-limit's), drawn alike; its
+        # first ones alone were its first classes, and past --data-limit, images never trained on.
+        pool = (cfg.data_limit or None) if cfg.dataset == "folder" else MNIST_TEST_IMAGES
         test = random_subset(datasets.fixed_test_images(cfg, pool), count)
         if len(test) < count:  # a --data-dir with fewer test images: the bounds say on how many
             results["bound_images"] = len(test)
         results.update(vae_bounds(trainer.encode, trainer.decode_logits, test, cfg.iwae_k, cfg.seed))
         if cfg.dataset == "folder":
-            bounds_on = " (bounds on training images: a folder has no test split)"
+            bounds_on = " (bounds on the training images: a folder has no test split)"
     shown = ", ".join(f"{k} {figure(v)}" for k, v in results.items() if k != "samples") + bounds_on
     if shown:  # none where no sample metric applies (said above)
         log(f"evaluation ({count} samples): {shown}")

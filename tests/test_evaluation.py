@@ -43,7 +43,7 @@ class ImagesAsSamples:
 
 def config(**overrides):
     return SimpleNamespace(**{"dataset": "mnist", "image_size": None, "evaluate": 500, "seed": 0,
-                              "iwae_k": 4, "eval_draws": 1, **overrides})
+                              "iwae_k": 4, "eval_draws": 1, "data_limit": None, **overrides})
 
 
 def test_real_test_images_score_like_themselves():
@@ -689,13 +689,15 @@ class VaeOnNumberedImages:
 
 def test_vae_bounds_score_a_random_draw_of_all_test_images_and_say_when_there_are_fewer(monkeypatch):
     """MNIST's bounds: `--evaluate N` test images drawn from all 10,000 (its first ones alone
-    scored 5 nats better); "folder" has no test split: its first N training images. A --data-dir
-    with fewer than asked: the bounds say on how many ("bound_images")."""
+    scored 5 nats better); "folder" has no test split: a random N of the images it trained on
+    (its first N had been its first classes, and past --data-limit, images never trained on). A
+    --data-dir with fewer than asked: the bounds say on how many ("bound_images")."""
     asked, held = [], {"mnist": 10_000, "folder": 30}
 
     def numbered_images(cfg, count):
         asked.append(count)
-        return np.arange(min(count, held[cfg.dataset]), dtype=np.float32)[:, None, None, None] * np.ones((8, 8, 1))
+        held_here = held[cfg.dataset] if count is None else min(count, held[cfg.dataset])
+        return np.arange(held_here, dtype=np.float32)[:, None, None, None] * np.ones((8, 8, 1))
 
     monkeypatch.setattr(evaluation.datasets, "fixed_test_images", numbered_images)
     said = []
@@ -710,9 +712,13 @@ def test_vae_bounds_score_a_random_draw_of_all_test_images_and_say_when_there_ar
     said.clear()
     vae = VaeOnNumberedImages()
     results = evaluation.evaluate(config(dataset="folder", evaluate=50, iwae_k=2), vae, log=said.append)
-    assert asked == [50] and results["bound_images"] == 30 and vae.encoded == list(range(30))
+    assert asked == [None] and results["bound_images"] == 30 and sorted(vae.encoded) == list(range(30))
     # and the line says so: "test_elbo" alone read as a test set's (a fresh-user review)
-    assert said[-1].endswith("(bounds on training images: a folder has no test split)"), said
+    assert said[-1].endswith("(bounds on the training images: a folder has no test split)"), said
+    asked.clear()
+    vae = VaeOnNumberedImages()  # 20 asked of the 30 it trained on: a random 20, not the first
+    evaluation.evaluate(config(dataset="folder", evaluate=20, iwae_k=2, data_limit=30), vae, log=said.append)
+    assert asked == [30] and vae.encoded == evaluation.random_subset(np.arange(30), 20).tolist() != list(range(20))
 
 
 def test_samples_holding_a_nan_are_not_measured():
