@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import Callable, Protocol, TypeVar
@@ -148,10 +150,14 @@ def _crc(data) -> int:
 
 def _file_crc(path, what: str, fix: str) -> int:
     """_crc of a file's bytes, read a MiB at a time (a checkpoint may be large); one
-    CheckpointError line for a file that cannot be read (a dangling link, one just removed)."""
+    CheckpointError line for a file that cannot be read (a dangling link, one just removed)
+    or is not a regular file (a FIFO named like a checkpoint: its read would block forever,
+    so it is opened without waiting for a writer and looked at first)."""
     crc = 0
     try:
-        with open(path, "rb") as file:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise CheckpointError(f"{what} {path} is not a regular file; {fix}")
             while chunk := file.read(1 << 20):
                 crc = zlib.crc32(chunk, crc)
     except OSError as error:

@@ -28,16 +28,7 @@ from common.distributed import OneProcess, Replicas, check_same_checkpoint, chec
 from common.errors import CheckpointError, Interrupted, UserError, escaped_line_breaks
 from common.precision_report import LayerRow, format_precision_report
 from common.profiling import PROFILED_STEPS, WARMUP_STEPS, Profiler, format_top_ops
-from common.runs import (
-    BatchOrder,
-    Checkpoints,
-    RunFolder,
-    atomic_write,
-    check_regular_file,
-    profile_folder_problem,
-    read_json,
-    text_bytes,
-)
+from common.runs import BatchOrder, Checkpoints, RunFolder, atomic_write, profile_folder_problem, read_json, text_bytes
 from common.tensorboard import Board, Writer
 
 
@@ -255,8 +246,6 @@ def resume(cfg: RunConfig, run: RunFolder, session: Session, monitor: Monitor, l
     if not cfg.resume:
         return 0, 0
     latest = run.latest_checkpoint()  # None: only a replica's own --out can hold none (the writer's was checked)
-    if latest is not None:
-        check_regular_file(latest[1], "checkpoint")  # before its bytes are read, for the check below
     check_same_checkpoint(latest, session.replicas)
     named_step, path = latest
     meta = session.checkpoints.restore(path, cfg.model)  # of another model: refused by name

@@ -445,7 +445,7 @@ def test_a_fifo_named_as_a_replicas_latest_checkpoint_is_refused_before_its_byte
     if thread.is_alive():  # blocked in the read: a writer's open lets it go, at EOF
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         thread.join(timeout=30)
-    assert ended == [f"checkpoint {fifo} is not a regular file; remove it or name another"]
+    assert ended == [f"checkpoint {fifo} is not a regular file; delete it to resume from the one before"]
 
 
 def test_replicas_resuming_from_different_checkpoints_are_one_line(tmp_path):
