@@ -542,12 +542,17 @@ def summarize(cfg: RunConfig, session: Session, step: int, log_interval: Interva
         # the timing and the peak memory are this process's: a resumed run's since it resumed
         "timed_from_step": start_step,
         "peak_memory_mb": session.peak_memory_mb(), "skipped_steps": log_interval.skipped_total,
-        "final": {k: v for k, v in log_interval.last_row.items() if k not in ("step", "step_ms", "skipped_at")},
+        "final": final_figures(log_interval.last_row),
         "replicas": session.replicas.count,
         "cpu": cpu.describe(),  # the timings', and a seed's bit-exact results, hold on this kind of CPU
         "gpu": session.gpu_name(),  # on CUDA the timings hold on this GPU (results are not bit-exact there)
         "stopped_early": stopped_early,
     }
+
+
+def final_figures(row: dict) -> dict:
+    """A summary's "final": the last history row's losses and counts, without its place and timing."""
+    return {k: v for k, v in row.items() if k not in ("step", "step_ms", "skipped_at")}
 
 
 def history_figures(rows: list[dict], step: int, batch_size: int) -> dict:
@@ -562,7 +567,7 @@ def history_figures(rows: list[dict], step: int, batch_size: int) -> dict:
     times = [row["step_ms"] for row in rows[1:] if isinstance(row.get("step_ms"), (int, float))
              and math.isfinite(row["step_ms"])]
     median_ms = statistics.median(times) if times else None
-    return {"final": {k: v for k, v in last.items() if k not in ("step", "step_ms", "skipped_at")},
+    return {"final": final_figures(last),
             "median_step_ms": median_ms, "samples_per_s": batch_size * 1000.0 / median_ms if median_ms else None,
             "timed_from_step": 0, "peak_memory_mb": None, "cpu": None, "gpu": None, "replicas": None}
 
